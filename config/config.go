@@ -1,0 +1,204 @@
+// Package config loads and validates the voxmux server configuration (YAML).
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/goccy/go-yaml"
+	"github.com/goccy/go-yaml/ast"
+	"github.com/goccy/go-yaml/parser"
+)
+
+// Providers the instances can run the pipeline on.
+const (
+	ProviderCPU  = "cpu"
+	ProviderCUDA = "cuda"
+)
+
+// Config is the whole server configuration.
+type Config struct {
+	// Listen is the HOST:PORT the router serves HTTP on.
+	Listen string `yaml:"listen"`
+	// Model is the path of the pipeline manifest, relative to the config file.
+	Model string `yaml:"model"`
+	// Provider is the ONNX Runtime execution provider: cpu or cuda.
+	Provider string `yaml:"provider"`
+	// ONNXRuntime is the path of libonnxruntime.so; empty means the built-in search.
+	ONNXRuntime string `yaml:"onnxruntime"`
+	// MaxInputChars bounds the "input" of a speech request.
+	MaxInputChars int `yaml:"max_input_chars"`
+	// RequestTimeout bounds one synthesis, e.g. "5m".
+	RequestTimeout Duration `yaml:"request_timeout"`
+	Groups         []Group  `yaml:"groups"`
+
+	// File is where the config was read from (for messages and relative paths).
+	File string `yaml:"-"`
+}
+
+// Group is a set of GPUs that runs its own instances.
+type Group struct {
+	Name string `yaml:"name"`
+	// GPUs are host GPU indices; the group's instances see exactly these (CUDA_VISIBLE_DEVICES).
+	GPUs []int `yaml:"gpus"`
+	// Instances is how many instance processes share the group.
+	Instances int `yaml:"instances"`
+	// MaxInflight is the number of concurrent requests one instance accepts.
+	MaxInflight int `yaml:"max_inflight"`
+}
+
+// Defaults applied to keys a config leaves out.
+const (
+	DefaultListen        = "127.0.0.1:8080"
+	DefaultMaxInputChars = 4096
+	DefaultMaxInflight   = 16
+)
+
+// Load reads, defaults and validates the config at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes data (read from file) strictly: an unknown key is an error naming it and its line.
+func Parse(file string, data []byte) (*Config, error) {
+	var c Config
+	if err := yaml.UnmarshalWithOptions(data, &c, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
+		return nil, fmt.Errorf("config %s: %s", file, yaml.FormatError(err, false, true))
+	}
+	c.File = file
+	c.applyDefaults()
+	if err := c.validate(); err != nil {
+		var fe *fieldError
+		if errors.As(err, &fe) {
+			if line := lineOf(data, fe.path); line > 0 {
+				return nil, fmt.Errorf("config %s:%d: %w", file, line, err)
+			}
+		}
+		return nil, fmt.Errorf("config %s: %w", file, err)
+	}
+	return &c, nil
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Provider == "" {
+		c.Provider = ProviderCPU
+	}
+	if c.MaxInputChars == 0 {
+		c.MaxInputChars = DefaultMaxInputChars
+	}
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		if g.Instances == 0 {
+			g.Instances = 1
+		}
+		if g.MaxInflight == 0 {
+			g.MaxInflight = DefaultMaxInflight
+		}
+	}
+}
+
+// fieldError names the offending key by its YAML path, e.g. $.groups[1].gpus.
+type fieldError struct {
+	path string
+	key  string
+	msg  string
+}
+
+func (e *fieldError) Error() string { return e.key + ": " + e.msg }
+
+func bad(path, key, format string, a ...any) error {
+	return &fieldError{path: path, key: key, msg: fmt.Sprintf(format, a...)}
+}
+
+func (c *Config) validate() error {
+	if c.Model == "" {
+		return bad("$", "model", "is required (path of a pipeline manifest)")
+	}
+	switch c.Provider {
+	case ProviderCPU, ProviderCUDA:
+	default:
+		return bad("$.provider", "provider", "%q is not one of cpu, cuda", c.Provider)
+	}
+	if c.MaxInputChars < 0 {
+		return bad("$.max_input_chars", "max_input_chars", "must be positive")
+	}
+	if c.RequestTimeout < 0 {
+		return bad("$.request_timeout", "request_timeout", "must be positive")
+	}
+	if len(c.Groups) == 0 {
+		return bad("$", "groups", "at least one group is required")
+	}
+	names := map[string]bool{}
+	owner := map[int]string{}
+	for i, g := range c.Groups {
+		p := fmt.Sprintf("$.groups[%d]", i)
+		k := fmt.Sprintf("groups[%d]", i)
+		if g.Name == "" {
+			return bad(p, k+".name", "is required")
+		}
+		if strings.ContainsAny(g.Name, "/ \t") {
+			return bad(p+".name", k+".name", "%q must not contain '/' or spaces", g.Name)
+		}
+		if names[g.Name] {
+			return bad(p+".name", k+".name", "group %q is defined twice", g.Name)
+		}
+		names[g.Name] = true
+		if g.Instances < 0 {
+			return bad(p+".instances", k+".instances", "group %q: must be at least 1", g.Name)
+		}
+		if g.MaxInflight < 0 {
+			return bad(p+".max_inflight", k+".max_inflight", "group %q: must be at least 1", g.Name)
+		}
+		if c.Provider == ProviderCUDA && len(g.GPUs) == 0 {
+			return bad(p, k+".gpus", "group %q: provider cuda needs at least one GPU", g.Name)
+		}
+		for _, gpu := range g.GPUs {
+			if gpu < 0 {
+				return bad(p+".gpus", k+".gpus", "group %q: GPU index %d is negative", g.Name, gpu)
+			}
+			if other, ok := owner[gpu]; ok {
+				return bad(p+".gpus", k+".gpus", "group %q: GPU %d is already in group %q", g.Name, gpu, other)
+			}
+			owner[gpu] = g.Name
+		}
+	}
+	return nil
+}
+
+// ModelPath resolves Model relative to the config file.
+func (c *Config) ModelPath() string {
+	if filepath.IsAbs(c.Model) || c.File == "" {
+		return c.Model
+	}
+	return filepath.Join(filepath.Dir(c.File), c.Model)
+}
+
+// lineOf finds the line of the node at a YAML path, 0 when it cannot.
+func lineOf(data []byte, path string) int {
+	f, err := parser.ParseBytes(data, 0)
+	if err != nil {
+		return 0
+	}
+	p, err := yaml.PathString(path)
+	if err != nil {
+		return 0
+	}
+	n, err := p.FilterFile(f)
+	if err != nil || n == nil {
+		return 0
+	}
+	if m, ok := n.(*ast.MappingNode); ok && len(m.Values) > 0 {
+		return m.Values[0].GetToken().Position.Line
+	}
+	return n.GetToken().Position.Line
+}

@@ -1,0 +1,430 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"unicode/utf8"
+)
+
+// Engine runs many requests through one Pipeline at once, batching every stage across them:
+// one LM loop decodes all active sequences in a single run per step (sequences join and leave
+// between steps), and the flow and vocoder workers each run every chunk that is waiting for them
+// in one call. The three run concurrently, so while the LM decodes, earlier chunks are turned into
+// audio.
+type Engine struct {
+	p        *Pipeline
+	arrivals chan *stream
+	flowQ    *queue[*flowItem]
+	vocQ     *queue[*vocItem]
+	done     chan struct{}
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+// NewEngine starts the engine's loops over p.
+func NewEngine(p *Pipeline) *Engine {
+	e := &Engine{
+		p:        p,
+		arrivals: make(chan *stream),
+		flowQ:    newQueue[*flowItem](),
+		vocQ:     newQueue[*vocItem](),
+		done:     make(chan struct{}),
+	}
+	e.wg.Add(3)
+	go e.lmLoop()
+	go e.flowLoop()
+	go e.vocoderLoop()
+	return e
+}
+
+// Close stops the loops; requests still running fail.
+func (e *Engine) Close() {
+	e.once.Do(func() {
+		close(e.done)
+		e.flowQ.close()
+		e.vocQ.close()
+		e.wg.Wait()
+	})
+}
+
+// ErrEmptyText is returned for text that has nothing to speak.
+var ErrEmptyText = errors.New("text is empty")
+
+// Synthesize runs req and calls emit with each audio chunk in order. It returns when the audio is
+// complete, emit fails, or ctx ends.
+func (e *Engine) Synthesize(ctx context.Context, req Request, emit func(Chunk) error) error {
+	if req.Text == "" {
+		return ErrEmptyText
+	}
+	if !utf8.ValidString(req.Text) {
+		return errors.New("text is not valid UTF-8")
+	}
+	s := e.newStream(ctx, req)
+	defer s.cancel()
+	select {
+	case e.arrivals <- s:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.done:
+		return errors.New("engine is shut down")
+	}
+	for {
+		chunks, closed, err := s.take()
+		for _, c := range chunks {
+			if err := emit(c); err != nil {
+				return err
+			}
+		}
+		if closed {
+			return err
+		}
+		select {
+		case <-s.notify:
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		}
+	}
+}
+
+// stream is one request moving through the engine.
+type stream struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	req    Request
+	prompt []int64
+
+	// Owned by the LM loop.
+	seq            *lmSeq
+	tokens         []int64
+	minTok, maxTok int
+	flowed         int // tokens already handed to the flow
+	chunk          int // index of the next chunk
+
+	// Owned by the flow loop: the previous chunk's mel, the vocoder's left context.
+	prevMel    []float32
+	prevFrames int
+
+	// Output, handed from the vocoder loop to Synthesize.
+	mu     sync.Mutex
+	out    []Chunk
+	next   int
+	closed bool
+	err    error
+	notify chan struct{}
+}
+
+func (e *Engine) newStream(ctx context.Context, req Request) *stream {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &stream{ctx: ctx, cancel: cancel, req: req, notify: make(chan struct{}, 1)}
+	s.prompt = e.p.m.Tokenize(req.Text)
+	s.minTok, s.maxTok = e.p.m.TokenBounds(req.Text)
+	return s
+}
+
+func (s *stream) push(pcm []float32, rate int) {
+	s.mu.Lock()
+	s.out = append(s.out, Chunk{PCM: pcm, SampleRate: rate, Index: s.next})
+	s.next++
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *stream) finish(err error) {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed, s.err = true, err
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *stream) take() ([]Chunk, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.out
+	s.out = nil
+	return out, s.closed, s.err
+}
+
+func (s *stream) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+type flowItem struct {
+	s          *stream
+	tokens     []int64 // context + chunk
+	ctxTokens  int
+	firstToken int // index of tokens[0] in the stream
+	last       bool
+}
+
+type vocItem struct {
+	s         *stream
+	mel       []float32 // channel-major, context + chunk frames
+	ctxFrames int
+	last      bool
+}
+
+func (e *Engine) lmLoop() {
+	defer e.wg.Done()
+	lm := e.p.lm
+	var active []*stream
+	for {
+		var fresh []*stream
+		if len(active) == 0 {
+			select {
+			case s := <-e.arrivals:
+				fresh = append(fresh, s)
+			case <-e.done:
+				return
+			}
+		}
+	drain:
+		for {
+			select {
+			case s := <-e.arrivals:
+				fresh = append(fresh, s)
+			case <-e.done:
+				for _, s := range append(active, fresh...) {
+					s.finish(errors.New("engine is shut down"))
+				}
+				return
+			default:
+				break drain
+			}
+		}
+		// Prefill the new streams first; they join the decode batch from the next step on, so
+		// every iteration still advances the older streams by one token.
+		var joined []*stream
+		if len(fresh) > 0 {
+			seqs := make([]*lmSeq, len(fresh))
+			prompts := make([][]int64, len(fresh))
+			for i, s := range fresh {
+				s.seq = lm.newSeq()
+				seqs[i], prompts[i] = s.seq, s.prompt
+			}
+			logits, err := lm.step(seqs, prompts)
+			for i, s := range fresh {
+				if err != nil {
+					s.finish(err)
+				} else if e.advance(s, logits[i]) {
+					joined = append(joined, s)
+				}
+			}
+		}
+		live := active[:0]
+		for _, s := range active {
+			if s.ctx.Err() != nil {
+				s.finish(s.ctx.Err())
+				continue
+			}
+			live = append(live, s)
+		}
+		active = live
+		if len(active) == 0 {
+			active = joined
+			continue
+		}
+		seqs := make([]*lmSeq, len(active))
+		inputs := make([][]int64, len(active))
+		for i, s := range active {
+			seqs[i] = s.seq
+			inputs[i] = []int64{s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset}
+		}
+		logits, err := lm.step(seqs, inputs)
+		next := active[:0]
+		for i, s := range active {
+			if err != nil {
+				s.finish(err)
+			} else if e.advance(s, logits[i]) {
+				next = append(next, s)
+			}
+		}
+		active = append(next, joined...)
+	}
+}
+
+// advance takes one token from logits, hands finished chunks to the flow, and reports whether
+// the stream still needs the LM.
+func (e *Engine) advance(s *stream, logits []float32) bool {
+	m := e.p.m
+	tok := argmax(logits, len(s.tokens) >= s.minTok)
+	done := tok == m.LM.SpeechVocab
+	if !done {
+		s.tokens = append(s.tokens, int64(tok))
+		done = len(s.tokens) >= s.maxTok
+	}
+	// A chunk leaves only when more tokens follow it, so the stream's last chunk is always
+	// handed over with last=true.
+	for {
+		pending := len(s.tokens) - s.flowed
+		size := m.ChunkSize(s.chunk)
+		if done && pending <= size {
+			if pending > 0 {
+				e.toFlow(s, len(s.tokens), true)
+			} else {
+				s.finish(nil) // no speech at all
+			}
+			return false
+		}
+		if pending <= size {
+			return true
+		}
+		e.toFlow(s, s.flowed+size, false)
+	}
+}
+
+func (e *Engine) toFlow(s *stream, end int, last bool) {
+	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
+	e.flowQ.push(&flowItem{
+		s:          s,
+		tokens:     append([]int64(nil), s.tokens[start:end]...),
+		ctxTokens:  s.flowed - start,
+		firstToken: start,
+		last:       last,
+	})
+	s.flowed = end
+	s.chunk++
+}
+
+func (e *Engine) flowLoop() {
+	defer e.wg.Done()
+	m := e.p.m
+	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	for {
+		items, ok := e.flowQ.popAll()
+		if !ok {
+			return
+		}
+		items = liveItems(items, func(it *flowItem) *stream { return it.s })
+		if len(items) == 0 {
+			continue
+		}
+		jobs := make([]flowJob, len(items))
+		for i, it := range items {
+			f0 := it.firstToken * R
+			jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
+		}
+		mels, err := e.p.flow.run(jobs)
+		for i, it := range items {
+			if err != nil {
+				it.s.finish(err)
+				continue
+			}
+			all := len(it.tokens) * R
+			skip := it.ctxTokens * R
+			nf := all - skip
+			ctxF := min(m.Streaming.ContextTokens*R, it.s.prevFrames)
+			mel := make([]float32, C*(ctxF+nf))
+			chunk := make([]float32, C*nf)
+			for c := 0; c < C; c++ {
+				row := mel[c*(ctxF+nf) : (c+1)*(ctxF+nf)]
+				if ctxF > 0 {
+					pf := it.s.prevFrames
+					copy(row[:ctxF], it.s.prevMel[c*pf+pf-ctxF:(c+1)*pf])
+				}
+				copy(row[ctxF:], mels[i][c*all+skip:(c+1)*all])
+				copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
+			}
+			it.s.prevMel, it.s.prevFrames = chunk, nf
+			e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, last: it.last})
+		}
+	}
+}
+
+func (e *Engine) vocoderLoop() {
+	defer e.wg.Done()
+	hop, rate := e.p.m.Vocoder.Hop, e.p.m.SampleRate
+	for {
+		items, ok := e.vocQ.popAll()
+		if !ok {
+			return
+		}
+		items = liveItems(items, func(it *vocItem) *stream { return it.s })
+		if len(items) == 0 {
+			continue
+		}
+		mels := make([][]float32, len(items))
+		for i, it := range items {
+			mels[i] = it.mel
+		}
+		audio, err := e.p.voc.run(mels)
+		for i, it := range items {
+			if err != nil {
+				it.s.finish(fmt.Errorf("vocoder: %w", err))
+				continue
+			}
+			it.s.push(audio[i][it.ctxFrames*hop:], rate)
+			if it.last {
+				it.s.finish(nil)
+			}
+		}
+	}
+}
+
+// liveItems drops the items of streams whose request has ended.
+func liveItems[T any](items []T, s func(T) *stream) []T {
+	out := items[:0]
+	for _, it := range items {
+		if err := s(it).ctx.Err(); err != nil {
+			s(it).finish(err)
+			continue
+		}
+		out = append(out, it)
+	}
+	return out
+}
+
+// queue is an unbounded FIFO whose consumer takes everything waiting at once (one batch).
+type queue[T any] struct {
+	mu     sync.Mutex
+	items  []T
+	closed bool
+	ready  chan struct{}
+}
+
+func newQueue[T any]() *queue[T] { return &queue[T]{ready: make(chan struct{}, 1)} }
+
+func (q *queue[T]) push(v T) {
+	q.mu.Lock()
+	q.items = append(q.items, v)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue[T]) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// popAll blocks until items are waiting and returns all of them; false once closed.
+func (q *queue[T]) popAll() ([]T, bool) {
+	for {
+		q.mu.Lock()
+		if q.closed {
+			q.mu.Unlock()
+			return nil, false
+		}
+		if len(q.items) > 0 {
+			out := q.items
+			q.items = nil
+			q.mu.Unlock()
+			return out, true
+		}
+		q.mu.Unlock()
+		<-q.ready
+	}
+}

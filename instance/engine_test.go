@@ -1,0 +1,153 @@
+package instance
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ortLibrary finds the ONNX Runtime library that `make test` installs.
+func ortLibrary(t testing.TB) string {
+	t.Helper()
+	if p := os.Getenv("ORT_LIB"); p != "" {
+		return p
+	}
+	p, _ := filepath.Abs("../third_party/onnxruntime/libonnxruntime.so")
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("ONNX Runtime not installed (run scripts/install-onnxruntime.sh or set ORT_LIB): %v", err)
+	}
+	return p
+}
+
+var (
+	tinyOnce sync.Once
+	tinyP    *Pipeline
+	tinyErr  error
+)
+
+// tinyPipeline loads models/tiny once per test binary: ONNX Runtime's environment is per process.
+func tinyPipeline(t testing.TB) *Pipeline {
+	t.Helper()
+	tinyOnce.Do(func() {
+		tinyP, tinyErr = LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)})
+	})
+	if tinyErr != nil {
+		t.Fatal(tinyErr)
+	}
+	return tinyP
+}
+
+func synth(t *testing.T, e *Engine, req Request) []float32 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var pcm []float32
+	next := 0
+	err := e.Synthesize(ctx, req, func(c Chunk) error {
+		if c.Index != next {
+			t.Errorf("chunk %d arrived as number %d", c.Index, next)
+		}
+		next++
+		if c.SampleRate != 24000 {
+			t.Errorf("sample rate %d, want 24000", c.SampleRate)
+		}
+		pcm = append(pcm, c.PCM...)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("synthesize %q: %v", req.Text, err)
+	}
+	return pcm
+}
+
+func TestEngineLengthFollowsTokenBounds(t *testing.T) {
+	p := tinyPipeline(t)
+	e := NewEngine(p)
+	defer e.Close()
+	text := "Hello world."
+	pcm := synth(t, e, Request{Text: text})
+	minTok, maxTok := p.m.TokenBounds(text)
+	perTok := p.m.Flow.FramesPerToken * p.m.Vocoder.Hop
+	if len(pcm)%perTok != 0 {
+		t.Fatalf("%d samples is not a whole number of tokens (%d samples each)", len(pcm), perTok)
+	}
+	if n := len(pcm) / perTok; n < minTok || n > maxTok {
+		t.Fatalf("%d speech tokens, want %d..%d", n, minTok, maxTok)
+	}
+	var sum float64
+	for _, v := range pcm {
+		if math.IsNaN(float64(v)) || v < -1 || v > 1 {
+			t.Fatalf("sample %v out of [-1,1]", v)
+		}
+		sum += float64(v) * float64(v)
+	}
+	if rms := math.Sqrt(sum / float64(len(pcm))); rms < 1e-3 {
+		t.Fatalf("audio is silent (rms %g)", rms)
+	}
+}
+
+// Batched runs must give the audio each request gives alone: every stage masks its padding and a
+// request's chunk schedule and noise are its own. Tolerance: 1e-4 per sample (float32 kernels may
+// sum in another order at another batch size).
+func TestEngineBatchedEqualsAlone(t *testing.T) {
+	p := tinyPipeline(t)
+	e := NewEngine(p)
+	defer e.Close()
+	reqs := []Request{
+		{Text: "Hello world.", Seed: 1},
+		{Text: "A somewhat longer sentence, to be spoken while others run.", Seed: 2},
+		{Text: "¿Dónde está la biblioteca?", Seed: 3},
+		{Text: "你好，世界。", Seed: 4},
+		{Text: "Hi", Seed: 5},
+	}
+	alone := make([][]float32, len(reqs))
+	for i, r := range reqs {
+		alone[i] = synth(t, e, r)
+	}
+	batched := make([][]float32, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batched[i] = synth(t, e, r)
+		}()
+	}
+	wg.Wait()
+	for i := range reqs {
+		if len(alone[i]) != len(batched[i]) {
+			t.Fatalf("%q: %d samples alone, %d batched", reqs[i].Text, len(alone[i]), len(batched[i]))
+		}
+		var worst float64
+		for j := range alone[i] {
+			worst = max(worst, math.Abs(float64(alone[i][j]-batched[i][j])))
+		}
+		if worst > 1e-4 {
+			t.Errorf("%q: batched differs from alone by %g", reqs[i].Text, worst)
+		}
+		t.Logf("%q: %d samples, max diff %g", reqs[i].Text, len(alone[i]), worst)
+	}
+}
+
+func TestEngineCancel(t *testing.T) {
+	e := NewEngine(tinyPipeline(t))
+	defer e.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	err := e.Synthesize(ctx, Request{Text: "This request is cancelled after its first chunk arrives."}, func(Chunk) error {
+		n++
+		cancel()
+		return nil
+	})
+	if err == nil || n != 1 {
+		t.Fatalf("got err %v after %d chunks, want a cancellation after 1", err, n)
+	}
+	// The engine still serves others.
+	if pcm := synth(t, e, Request{Text: "still alive"}); len(pcm) == 0 {
+		t.Fatal("no audio after a cancellation")
+	}
+}

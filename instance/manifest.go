@@ -1,0 +1,180 @@
+package instance
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/goccy/go-yaml"
+)
+
+// Manifest describes a staged (LM → flow → vocoder) pipeline; docs/pipeline.md is its contract.
+type Manifest struct {
+	Kind       string            `yaml:"kind"`
+	Name       string            `yaml:"name"`
+	SampleRate int               `yaml:"sample_rate"`
+	DType      string            `yaml:"dtype"`
+	Voices     []string          `yaml:"voices"`
+	Tokenizer  TokenizerSpec     `yaml:"tokenizer"`
+	LM         LMSpec            `yaml:"lm"`
+	Flow       FlowSpec          `yaml:"flow"`
+	Vocoder    VocoderSpec       `yaml:"vocoder"`
+	Streaming  StreamingSpec     `yaml:"streaming"`
+	Names      map[string]string `yaml:"names"`
+
+	// Dir is the manifest's folder; stage files are relative to it.
+	Dir  string `yaml:"-"`
+	File string `yaml:"-"`
+}
+
+// TokenizerSpec declares how text becomes LM input ids.
+type TokenizerSpec struct {
+	Type   string `yaml:"type"`
+	Offset int64  `yaml:"offset"`
+	BOS    int64  `yaml:"bos"`
+}
+
+// LMSpec describes the autoregressive LM graph.
+type LMSpec struct {
+	File              string  `yaml:"file"`
+	Layers            int     `yaml:"layers"`
+	KVHeads           int     `yaml:"kv_heads"`
+	HeadDim           int     `yaml:"head_dim"`
+	SpeechVocab       int     `yaml:"speech_vocab"`
+	SpeechTokenOffset int64   `yaml:"speech_token_offset"`
+	SOS               int64   `yaml:"sos"`
+	TokenRate         float64 `yaml:"token_rate"`
+	MinTokensPerChar  float64 `yaml:"min_tokens_per_char"`
+	MaxTokensPerChar  float64 `yaml:"max_tokens_per_char"`
+	MaxTokens         int     `yaml:"max_tokens"`
+}
+
+// FlowSpec describes the flow-matching encoder and estimator.
+type FlowSpec struct {
+	Encoder        string  `yaml:"encoder"`
+	Estimator      string  `yaml:"estimator"`
+	MelBins        int     `yaml:"mel_bins"`
+	FramesPerToken int     `yaml:"frames_per_token"`
+	Steps          int     `yaml:"steps"`
+	CFGStrength    float32 `yaml:"cfg_strength"`
+}
+
+// VocoderSpec describes the mel → audio graph.
+type VocoderSpec struct {
+	File string `yaml:"file"`
+	Hop  int    `yaml:"hop"`
+}
+
+// StreamingSpec sets the chunk schedule.
+type StreamingSpec struct {
+	ChunkTokens   []int `yaml:"chunk_tokens"`
+	ContextTokens int   `yaml:"context_tokens"`
+}
+
+// LoadManifest reads and checks a manifest; every error names the file.
+func LoadManifest(path string) (*Manifest, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline manifest: %w", err)
+	}
+	var m Manifest
+	if err := yaml.UnmarshalWithOptions(data, &m, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %s", path, yaml.FormatError(err, false, true))
+	}
+	m.File = path
+	m.Dir = filepath.Dir(path)
+	m.defaults()
+	if err := m.validate(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
+	return &m, nil
+}
+
+func (m *Manifest) defaults() {
+	if m.Kind == "" {
+		m.Kind = "staged"
+	}
+	if m.DType == "" {
+		m.DType = "float32"
+	}
+	if len(m.Voices) == 0 {
+		m.Voices = []string{"default"}
+	}
+	if m.Tokenizer.Type == "" {
+		m.Tokenizer.Type = "bytes"
+	}
+	if m.LM.MaxTokens == 0 {
+		m.LM.MaxTokens = 4000
+	}
+	if m.Flow.FramesPerToken == 0 {
+		m.Flow.FramesPerToken = 2
+	}
+	if len(m.Streaming.ChunkTokens) == 0 {
+		m.Streaming.ChunkTokens = []int{10, 25, 50}
+	}
+}
+
+func (m *Manifest) validate() error {
+	var errs []error
+	need := func(ok bool, key, msg string) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s: %s", key, msg))
+		}
+	}
+	need(m.Kind == "staged", "kind", fmt.Sprintf("%q is not supported (want staged)", m.Kind))
+	need(m.Name != "", "name", "is required")
+	need(m.SampleRate > 0, "sample_rate", "must be positive")
+	need(m.DType == "float32", "dtype", fmt.Sprintf("%q is not supported yet (want float32)", m.DType))
+	need(m.Tokenizer.Type == "bytes", "tokenizer.type", fmt.Sprintf("%q is not supported (want bytes)", m.Tokenizer.Type))
+	need(m.LM.Layers > 0, "lm.layers", "must be positive")
+	need(m.LM.KVHeads > 0, "lm.kv_heads", "must be positive")
+	need(m.LM.HeadDim > 0, "lm.head_dim", "must be positive")
+	need(m.LM.SpeechVocab > 0, "lm.speech_vocab", "must be positive")
+	need(m.LM.MaxTokensPerChar > 0, "lm.max_tokens_per_char", "must be positive")
+	need(m.LM.MinTokensPerChar >= 0 && m.LM.MinTokensPerChar <= m.LM.MaxTokensPerChar, "lm.min_tokens_per_char", "must be between 0 and lm.max_tokens_per_char")
+	need(m.LM.MaxTokens > 0, "lm.max_tokens", "must be positive")
+	need(m.Flow.MelBins > 0, "flow.mel_bins", "must be positive")
+	need(m.Flow.Steps > 0, "flow.steps", "must be positive")
+	need(m.Flow.CFGStrength >= 0, "flow.cfg_strength", "must not be negative")
+	need(m.Vocoder.Hop > 0, "vocoder.hop", "must be positive")
+	need(m.Streaming.ContextTokens >= 0, "streaming.context_tokens", "must not be negative")
+	for _, c := range m.Streaming.ChunkTokens {
+		need(c > 0, "streaming.chunk_tokens", "every chunk must be at least one token")
+	}
+	for key, f := range map[string]string{"lm.file": m.LM.File, "flow.encoder": m.Flow.Encoder, "flow.estimator": m.Flow.Estimator, "vocoder.file": m.Vocoder.File} {
+		if f == "" {
+			errs = append(errs, fmt.Errorf("%s: is required", key))
+			continue
+		}
+		if _, err := os.Stat(m.Path(f)); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", key, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Path resolves a stage file relative to the manifest.
+func (m *Manifest) Path(f string) string {
+	if filepath.IsAbs(f) {
+		return f
+	}
+	return filepath.Join(m.Dir, f)
+}
+
+// Tensor returns the graph's name for a contract tensor name, honouring `names:` renames.
+func (m *Manifest) Tensor(name string) string {
+	if n, ok := m.Names[name]; ok {
+		return n
+	}
+	return name
+}
+
+// ChunkSize is the number of speech tokens in chunk i of a stream.
+func (m *Manifest) ChunkSize(i int) int {
+	c := m.Streaming.ChunkTokens
+	if i < len(c) {
+		return c[i]
+	}
+	return c[len(c)-1]
+}

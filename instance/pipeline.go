@@ -1,0 +1,87 @@
+package instance
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+)
+
+// Pipeline holds the loaded stages of a staged (LM → flow → vocoder) model.
+type Pipeline struct {
+	m    *Manifest
+	rt   *runtime
+	lm   *lmStage
+	flow *flowStage
+	voc  *vocoderStage
+}
+
+// LoadPipeline loads the manifest's graphs on the configured provider.
+func LoadPipeline(cfg LoadConfig) (*Pipeline, error) {
+	m, err := LoadManifest(cfg.Manifest)
+	if err != nil {
+		return nil, err
+	}
+	rt, err := newRuntime(cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{m: m, rt: rt}
+	if p.lm, err = newLMStage(rt, m); err == nil {
+		if p.flow, err = newFlowStage(rt, m); err == nil {
+			p.voc, err = newVocoderStage(rt, m)
+		}
+	}
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
+	}
+	return p, nil
+}
+
+// Manifest returns the pipeline's manifest.
+func (p *Pipeline) Manifest() *Manifest { return p.m }
+
+// Close releases the sessions.
+func (p *Pipeline) Close() error {
+	var errs []error
+	if p.lm != nil {
+		errs = append(errs, p.lm.sess.Destroy())
+	}
+	if p.flow != nil {
+		errs = append(errs, p.flow.encoder.Destroy(), p.flow.estimator.Destroy())
+	}
+	if p.voc != nil {
+		errs = append(errs, p.voc.sess.Destroy())
+	}
+	p.rt.close()
+	return errors.Join(errs...)
+}
+
+// noise returns the flow's starting sample for frames [from, to), channel-major. Each frame's
+// values depend only on (seed, frame), so chunking and batching never change them.
+func (p *Pipeline) noise(seed uint64, from, to int) []float32 {
+	C, n := p.m.Flow.MelBins, to-from
+	out := make([]float32, C*n)
+	for f := from; f < to; f++ {
+		r := rand.New(rand.NewPCG(seed, uint64(f)))
+		for c := 0; c < C; c++ {
+			out[c*n+f-from] = float32(r.NormFloat64())
+		}
+	}
+	return out
+}
+
+// argmax picks the next speech token; end of speech (the last index) is masked while allowEnd is false.
+func argmax(logits []float32, allowEnd bool) int {
+	n := len(logits)
+	if !allowEnd {
+		n--
+	}
+	best := 0
+	for i := 1; i < n; i++ {
+		if logits[i] > logits[best] {
+			best = i
+		}
+	}
+	return best
+}

@@ -1,0 +1,102 @@
+package instance
+
+import (
+	"fmt"
+	"strconv"
+
+	ort "github.com/yalue/onnxruntime_go"
+)
+
+// runtime owns the ONNX Runtime environment and the session options of one instance process.
+type runtime struct {
+	opts     *ort.SessionOptions
+	provider string
+}
+
+// newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
+// environment is per process, so an instance process loads exactly one pipeline.
+func newRuntime(cfg LoadConfig) (*runtime, error) {
+	if cfg.ORTLibrary == "" {
+		return nil, fmt.Errorf("onnxruntime: no library path given")
+	}
+	if !ort.IsInitialized() {
+		ort.SetSharedLibraryPath(cfg.ORTLibrary)
+		if err := ort.InitializeEnvironment(ort.WithLogLevelError()); err != nil {
+			return nil, fmt.Errorf("onnxruntime: cannot load %s: %w", cfg.ORTLibrary, err)
+		}
+	}
+	opts, err := ort.NewSessionOptions()
+	if err != nil {
+		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
+	}
+	rest := map[string]string{}
+	for k, v := range cfg.ProviderOptions {
+		switch k {
+		case "intra_op_num_threads":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				opts.Destroy()
+				return nil, fmt.Errorf("provider option intra_op_num_threads: %q is not a thread count", v)
+			}
+			if err := opts.SetIntraOpNumThreads(n); err != nil {
+				opts.Destroy()
+				return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
+			}
+		default:
+			rest[k] = v
+		}
+	}
+	switch cfg.Provider {
+	case "cpu", "":
+		if len(rest) > 0 {
+			opts.Destroy()
+			return nil, fmt.Errorf("provider cpu: unknown provider options %v", keys(rest))
+		}
+	case "cuda":
+		cuda, err := ort.NewCUDAProviderOptions()
+		if err != nil {
+			opts.Destroy()
+			return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", cfg.ORTLibrary, err)
+		}
+		defer cuda.Destroy()
+		// The instance sees only its group's GPUs (CUDA_VISIBLE_DEVICES), so device 0 is the group's first GPU.
+		o := map[string]string{"device_id": "0"}
+		for k, v := range rest {
+			o[k] = v
+		}
+		if err := cuda.Update(o); err != nil {
+			opts.Destroy()
+			return nil, fmt.Errorf("cuda provider options %v: %w", o, err)
+		}
+		if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
+			opts.Destroy()
+			return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", cfg.ORTLibrary, err)
+		}
+	default:
+		opts.Destroy()
+		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
+	}
+	return &runtime{opts: opts, provider: cfg.Provider}, nil
+}
+
+func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	s, err := ort.NewDynamicAdvancedSession(file, inputs, outputs, r.opts)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", file, err)
+	}
+	return s, nil
+}
+
+func (r *runtime) close() {
+	if r.opts != nil {
+		r.opts.Destroy()
+	}
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

@@ -1,0 +1,358 @@
+package instance
+
+import (
+	"errors"
+	"fmt"
+
+	ort "github.com/yalue/onnxruntime_go"
+)
+
+// Every stage runs a batch of independent items in one ONNX Runtime call, padding to the longest
+// item and masking the padding, so requests can share a run (see docs/pipeline.md).
+
+// lmSeq is one sequence's decoder state: its key/value cache, per layer [kv_heads][pos][head_dim].
+type lmSeq struct {
+	past [][]float32 // key0, value0, key1, value1, ...
+	pos  int
+}
+
+type lmStage struct {
+	m    *Manifest
+	sess *ort.DynamicAdvancedSession
+}
+
+func newLMStage(rt *runtime, m *Manifest) (*lmStage, error) {
+	in := []string{m.Tensor("input_ids"), m.Tensor("position_ids"), m.Tensor("attention_mask")}
+	out := []string{m.Tensor("logits")}
+	for l := 0; l < m.LM.Layers; l++ {
+		in = append(in, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
+		out = append(out, m.Tensor(fmt.Sprintf("present_key.%d", l)), m.Tensor(fmt.Sprintf("present_value.%d", l)))
+	}
+	s, err := rt.session(m.Path(m.LM.File), in, out)
+	if err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	return &lmStage{m: m, sess: s}, nil
+}
+
+func (s *lmStage) newSeq() *lmSeq {
+	return &lmSeq{past: make([][]float32, 2*s.m.LM.Layers)}
+}
+
+// step feeds tokens[b] to seqs[b] (a prompt at prefill, one token at decode) and returns each
+// sequence's logits for its last token. The sequences' caches grow by len(tokens[b]).
+func (s *lmStage) step(seqs []*lmSeq, tokens [][]int64) ([][]float32, error) {
+	B := len(seqs)
+	H, D := s.m.LM.KVHeads, s.m.LM.HeadDim
+	T, P := 0, 0
+	for b := range seqs {
+		T = max(T, len(tokens[b]))
+		P = max(P, seqs[b].pos)
+	}
+	ids := make([]int64, B*T)
+	posIDs := make([]int64, B*T)
+	mask := make([]int64, B*(P+T))
+	for b, sq := range seqs {
+		for t := 0; t < T; t++ {
+			posIDs[b*T+t] = int64(sq.pos + t)
+			if t < len(tokens[b]) {
+				ids[b*T+t] = tokens[b][t]
+				mask[b*(P+T)+P+t] = 1
+			}
+		}
+		for j := 0; j < sq.pos; j++ {
+			mask[b*(P+T)+j] = 1
+		}
+	}
+	var vals []ort.Value
+	defer func() { destroy(vals) }()
+	add := func(v ort.Value, err error) error {
+		if err != nil {
+			return err
+		}
+		vals = append(vals, v)
+		return nil
+	}
+	if err := errors.Join(
+		add(ort.NewTensor(ort.NewShape(int64(B), int64(T)), ids)),
+		add(ort.NewTensor(ort.NewShape(int64(B), int64(T)), posIDs)),
+		add(ort.NewTensor(ort.NewShape(int64(B), int64(P+T)), mask)),
+	); err != nil {
+		return nil, fmt.Errorf("lm inputs: %w", err)
+	}
+	for i := 0; i < 2*s.m.LM.Layers; i++ {
+		buf := make([]float32, B*H*P*D)
+		for b, sq := range seqs {
+			src := sq.past[i]
+			for h := 0; h < H; h++ {
+				copy(buf[((b*H+h)*P)*D:], src[h*sq.pos*D:(h+1)*sq.pos*D])
+			}
+		}
+		if err := add(ort.NewTensor(ort.NewShape(int64(B), int64(H), int64(P), int64(D)), buf)); err != nil {
+			return nil, fmt.Errorf("lm past: %w", err)
+		}
+	}
+	outs := make([]ort.Value, 1+2*s.m.LM.Layers)
+	err := s.sess.Run(vals, outs)
+	defer destroy(outs)
+	if err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	logits, err := data(outs[0])
+	if err != nil {
+		return nil, fmt.Errorf("lm logits: %w", err)
+	}
+	V := s.m.LM.SpeechVocab + 1
+	if len(logits) != B*T*V {
+		return nil, fmt.Errorf("lm: logits have %d values, want B·T·(speech_vocab+1) = %d", len(logits), B*T*V)
+	}
+	last := make([][]float32, B)
+	for b := range seqs {
+		t := len(tokens[b]) - 1
+		last[b] = append([]float32(nil), logits[(b*T+t)*V:(b*T+t+1)*V]...)
+	}
+	for i := 0; i < 2*s.m.LM.Layers; i++ {
+		present, err := data(outs[1+i])
+		if err != nil {
+			return nil, fmt.Errorf("lm present: %w", err)
+		}
+		if len(present) != B*H*(P+T)*D {
+			return nil, fmt.Errorf("lm: present %d has %d values, want %d", i, len(present), B*H*(P+T)*D)
+		}
+		for b, sq := range seqs {
+			n := sq.pos + len(tokens[b])
+			next := make([]float32, H*n*D)
+			for h := 0; h < H; h++ {
+				row := present[((b*H+h)*(P+T))*D:]
+				dst := next[h*n*D:]
+				copy(dst[:sq.pos*D], row[:sq.pos*D])
+				copy(dst[sq.pos*D:n*D], row[P*D:(P+len(tokens[b]))*D])
+			}
+			sq.past[i] = next
+		}
+	}
+	for b, sq := range seqs {
+		sq.pos += len(tokens[b])
+	}
+	return last, nil
+}
+
+// flowJob turns speech tokens into mel frames; noise is the starting sample, channel-major
+// [mel_bins][len(tokens)·frames_per_token].
+type flowJob struct {
+	tokens []int64
+	noise  []float32
+}
+
+type flowStage struct {
+	m         *Manifest
+	encoder   *ort.DynamicAdvancedSession
+	estimator *ort.DynamicAdvancedSession
+}
+
+func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
+	enc, err := rt.session(m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
+	if err != nil {
+		return nil, fmt.Errorf("flow encoder: %w", err)
+	}
+	est, err := rt.session(m.Path(m.Flow.Estimator),
+		[]string{m.Tensor("x"), m.Tensor("mask"), m.Tensor("mu"), m.Tensor("t")}, []string{m.Tensor("velocity")})
+	if err != nil {
+		enc.Destroy()
+		return nil, fmt.Errorf("flow estimator: %w", err)
+	}
+	return &flowStage{m: m, encoder: enc, estimator: est}, nil
+}
+
+// run returns each job's mel, channel-major [mel_bins][frames].
+func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
+	B, C, R := len(jobs), s.m.Flow.MelBins, s.m.Flow.FramesPerToken
+	N := 0
+	for _, j := range jobs {
+		N = max(N, len(j.tokens))
+	}
+	F := N * R
+	toks := make([]int64, B*N)
+	tmask := make([]float32, B*N)
+	fmask := make([]float32, B*F)
+	x := make([]float32, B*C*F)
+	for b, j := range jobs {
+		copy(toks[b*N:], j.tokens)
+		fb := len(j.tokens) * R
+		for n := range j.tokens {
+			tmask[b*N+n] = 1
+		}
+		for f := 0; f < fb; f++ {
+			fmask[b*F+f] = 1
+		}
+		for c := 0; c < C; c++ {
+			copy(x[(b*C+c)*F:(b*C+c)*F+fb], j.noise[c*fb:(c+1)*fb])
+		}
+	}
+	mu, err := s.encode(B, N, toks, tmask)
+	if err != nil {
+		return nil, err
+	}
+	if len(mu) != B*C*F {
+		return nil, fmt.Errorf("flow encoder: mu has %d values, want %d", len(mu), B*C*F)
+	}
+	cfg := s.m.Flow.CFGStrength
+	BB := B
+	estMask, estMu := fmask, mu
+	if cfg > 0 {
+		// Conditional and unconditional passes share one call of batch 2B.
+		BB = 2 * B
+		estMask = append(append(make([]float32, 0, 2*B*F), fmask...), fmask...)
+		estMu = append(append(make([]float32, 0, 2*B*C*F), mu...), make([]float32, B*C*F)...)
+	}
+	dt := 1 / float32(s.m.Flow.Steps)
+	for step := 0; step < s.m.Flow.Steps; step++ {
+		xin := x
+		if cfg > 0 {
+			xin = append(append(make([]float32, 0, 2*len(x)), x...), x...)
+		}
+		t := make([]float32, BB)
+		for i := range t {
+			t[i] = float32(step) * dt
+		}
+		v, err := s.estimate(BB, C, F, xin, estMask, estMu, t)
+		if err != nil {
+			return nil, err
+		}
+		if len(v) != BB*C*F {
+			return nil, fmt.Errorf("flow estimator: velocity has %d values, want %d", len(v), BB*C*F)
+		}
+		for i := range x {
+			vi := v[i]
+			if cfg > 0 {
+				vi = (1+cfg)*v[i] - cfg*v[len(x)+i]
+			}
+			x[i] += dt * vi
+		}
+	}
+	out := make([][]float32, B)
+	for b, j := range jobs {
+		fb := len(j.tokens) * R
+		mel := make([]float32, C*fb)
+		for c := 0; c < C; c++ {
+			copy(mel[c*fb:(c+1)*fb], x[(b*C+c)*F:(b*C+c)*F+fb])
+		}
+		out[b] = mel
+	}
+	return out, nil
+}
+
+func (s *flowStage) encode(B, N int, toks []int64, tmask []float32) ([]float32, error) {
+	a, err := ort.NewTensor(ort.NewShape(int64(B), int64(N)), toks)
+	if err != nil {
+		return nil, fmt.Errorf("flow encoder input: %w", err)
+	}
+	defer a.Destroy()
+	m, err := ort.NewTensor(ort.NewShape(int64(B), 1, int64(N)), tmask)
+	if err != nil {
+		return nil, fmt.Errorf("flow encoder input: %w", err)
+	}
+	defer m.Destroy()
+	outs := []ort.Value{nil}
+	if err := s.encoder.Run([]ort.Value{a, m}, outs); err != nil {
+		return nil, fmt.Errorf("flow encoder: %w", err)
+	}
+	defer destroy(outs)
+	mu, err := data(outs[0])
+	return append([]float32(nil), mu...), err
+}
+
+func (s *flowStage) estimate(B, C, F int, x, mask, mu, t []float32) ([]float32, error) {
+	var vals []ort.Value
+	defer func() { destroy(vals) }()
+	for _, in := range []struct {
+		shape ort.Shape
+		d     []float32
+	}{
+		{ort.NewShape(int64(B), int64(C), int64(F)), x},
+		{ort.NewShape(int64(B), 1, int64(F)), mask},
+		{ort.NewShape(int64(B), int64(C), int64(F)), mu},
+		{ort.NewShape(int64(B)), t},
+	} {
+		v, err := ort.NewTensor(in.shape, in.d)
+		if err != nil {
+			return nil, fmt.Errorf("flow estimator input: %w", err)
+		}
+		vals = append(vals, v)
+	}
+	outs := []ort.Value{nil}
+	if err := s.estimator.Run(vals, outs); err != nil {
+		return nil, fmt.Errorf("flow estimator: %w", err)
+	}
+	defer destroy(outs)
+	v, err := data(outs[0])
+	return append([]float32(nil), v...), err
+}
+
+type vocoderStage struct {
+	m    *Manifest
+	sess *ort.DynamicAdvancedSession
+}
+
+func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
+	s, err := rt.session(m.Path(m.Vocoder.File), []string{m.Tensor("mel")}, []string{m.Tensor("audio")})
+	if err != nil {
+		return nil, fmt.Errorf("vocoder: %w", err)
+	}
+	return &vocoderStage{m: m, sess: s}, nil
+}
+
+// run turns each channel-major mel [mel_bins][frames] into frames·hop samples.
+func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
+	B, C, hop := len(mels), s.m.Flow.MelBins, s.m.Vocoder.Hop
+	F := 0
+	for _, m := range mels {
+		F = max(F, len(m)/C)
+	}
+	in := make([]float32, B*C*F)
+	for b, m := range mels {
+		fb := len(m) / C
+		for c := 0; c < C; c++ {
+			copy(in[(b*C+c)*F:], m[c*fb:(c+1)*fb])
+		}
+	}
+	t, err := ort.NewTensor(ort.NewShape(int64(B), int64(C), int64(F)), in)
+	if err != nil {
+		return nil, fmt.Errorf("vocoder input: %w", err)
+	}
+	defer t.Destroy()
+	outs := []ort.Value{nil}
+	if err := s.sess.Run([]ort.Value{t}, outs); err != nil {
+		return nil, fmt.Errorf("vocoder: %w", err)
+	}
+	defer destroy(outs)
+	audio, err := data(outs[0])
+	if err != nil {
+		return nil, fmt.Errorf("vocoder output: %w", err)
+	}
+	if len(audio) != B*F*hop {
+		return nil, fmt.Errorf("vocoder: audio has %d samples, want B·F·hop = %d", len(audio), B*F*hop)
+	}
+	out := make([][]float32, B)
+	for b, m := range mels {
+		fb := len(m) / C
+		out[b] = append([]float32(nil), audio[b*F*hop:b*F*hop+fb*hop]...)
+	}
+	return out, nil
+}
+
+func data(v ort.Value) ([]float32, error) {
+	t, ok := v.(*ort.Tensor[float32])
+	if !ok {
+		return nil, fmt.Errorf("output is %T, want a float32 tensor", v)
+	}
+	return t.GetData(), nil
+}
+
+func destroy(vals []ort.Value) {
+	for _, v := range vals {
+		if v != nil {
+			v.Destroy()
+		}
+	}
+}

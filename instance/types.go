@@ -1,0 +1,47 @@
+// Package instance is what runs inside an inference instance: the pipeline manifest, the
+// ONNX Runtime stages (LM, flow, vocoder) and the streaming synthesis of one request.
+package instance
+
+// Request is one synthesis request as the router hands it to an instance.
+type Request struct {
+	ID    string
+	Text  string
+	Voice string
+	Speed float32
+	// Seed picks the flow's starting noise; equal requests with equal seeds give equal audio.
+	Seed uint64
+}
+
+// Chunk is a piece of mono float32 audio, in order.
+type Chunk struct {
+	PCM        []float32
+	SampleRate int
+	Index      int
+}
+
+// LoadConfig tells an instance what to load.
+type LoadConfig struct {
+	Manifest        string
+	Provider        string // "cpu" or "cuda"
+	ORTLibrary      string
+	ProviderOptions map[string]string
+	MaxInflight     int
+}
+
+// Info describes a loaded instance.
+type Info struct {
+	Model      string
+	SampleRate int
+	Voices     []string
+	Provider   string
+	// CUDAVisibleDevices is the value the instance process saw.
+	CUDAVisibleDevices string
+	PID                int
+}
+
+// Health is an instance's own view of itself.
+type Health struct {
+	Ready    bool
+	Message  string
+	Inflight int
+}
