@@ -66,7 +66,7 @@ func newRuntime(cfg LoadConfig) (*runtime, error) {
 		}
 		if err := cuda.Update(o); err != nil {
 			opts.Destroy()
-			return nil, fmt.Errorf("cuda provider options %v: %w", o, err)
+			return nil, fmt.Errorf("cuda provider cannot be loaded with options %v (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path? scripts/install-onnxruntime.sh --gpu installs it): %w", o, cfg.ORTLibrary, err)
 		}
 		if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
 			opts.Destroy()

@@ -45,3 +45,21 @@ type Health struct {
 	Message  string
 	Inflight int
 }
+
+// ErrorKind tells the router what to do with a failed request.
+type ErrorKind int
+
+const (
+	ErrInternal ErrorKind = iota // the instance failed; another instance may succeed
+	ErrInvalid                   // the request itself is bad; retrying will not help
+	ErrBusy                      // the instance is at its max_inflight
+	ErrNotReady                  // the instance cannot serve (not loaded, shutting down)
+)
+
+// Error is an instance failure of a known kind.
+type Error struct {
+	Kind ErrorKind
+	Msg  string
+}
+
+func (e *Error) Error() string { return e.Msg }

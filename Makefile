@@ -1,0 +1,59 @@
+# voxmux: `make run` serves the tiny model on CPU; `make test` runs every test.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin/voxmux
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+ORT_DIR := third_party/onnxruntime
+PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
+
+.PHONY: run test build deps ort ort-gpu proto tiny-model vet clean
+
+run: deps ort build
+	@echo
+	@echo "Serving the tiny model on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
+	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"tiny\",\"input\":\"Hello world.\",\"voice\":\"default\",\"response_format\":\"wav\"}' -o out.wav"
+	@echo
+	$(BIN) serve --config configs/cpu.yaml
+
+test: deps ort
+	$(GO) vet ./...
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+build:
+	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/voxmux
+
+# Debian packages the build and the tests need (npm fetches ONNX Runtime from the npm registry).
+deps:
+	@missing=""; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+ort:
+	scripts/install-onnxruntime.sh $(ORT_DIR)
+
+ort-gpu:
+	scripts/install-onnxruntime.sh --gpu $(ORT_DIR)
+
+# Regenerates plugin/proto from voxmux.proto (needs protoc: apt-get install protobuf-compiler).
+proto:
+	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO_GRPC)
+	PATH=$(CURDIR)/bin:$$PATH protoc --go_out=. --go_opt=paths=source_relative \
+	  --go-grpc_out=. --go-grpc_opt=paths=source_relative plugin/proto/voxmux.proto
+
+# Rebuilds models/tiny (needs Debian's python3-onnx and python3-numpy).
+tiny-model:
+	/usr/bin/python3 scripts/gen_tiny_model.py models/tiny
+
+vet:
+	$(GO) vet ./...
+
+clean:
+	rm -rf bin

@@ -1,0 +1,37 @@
+// Command voxmux serves text-to-speech models across the GPUs of a host.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time (-ldflags "-X main.version=...").
+var version = "dev"
+
+func main() {
+	root := &cobra.Command{
+		Use:           "voxmux",
+		Short:         "Serve text-to-speech models at full speed across the GPUs of a host",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(), instanceCmd(), versionCmd())
+	if err := root.Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "voxmux:", err)
+		os.Exit(1)
+	}
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "voxmux %s (plugin protocol %d)\n", version, pluginProtocol)
+		},
+	}
+}

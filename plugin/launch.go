@@ -1,0 +1,130 @@
+package plugin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+)
+
+// LaunchConfig says how to start one instance process.
+type LaunchConfig struct {
+	// Executable and Args start the instance (normally this binary with "instance").
+	Executable string
+	Args       []string
+	// Name labels the instance's logs.
+	Name string
+	// GPUs become the instance's CUDA_VISIBLE_DEVICES; empty hides every GPU.
+	GPUs []int
+	// HostEnv is the router's environment; only the variables an instance needs are passed on.
+	HostEnv []string
+	// LogOutput receives the go-plugin client's and the instance's log lines.
+	LogOutput io.Writer
+	// StartTimeout bounds the handshake.
+	StartTimeout time.Duration
+}
+
+// Process is a running instance: the Instance it serves plus the go-plugin client that owns it.
+// A go-plugin client cannot be restarted, so every launch makes a new Process.
+type Process struct {
+	Instance
+	client *goplugin.Client
+}
+
+// Launch starts an instance process and completes the handshake.
+func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
+	cmd := exec.Command(lc.Executable, lc.Args...)
+	cmd.Env = InstanceEnv(lc.HostEnv, lc.GPUs)
+	// The kernel kills the instance when the router dies, even by SIGKILL.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out := lc.LogOutput
+	if out == nil {
+		out = io.Discard
+	}
+	timeout := lc.StartTimeout
+	if timeout == 0 {
+		timeout = time.Minute
+	}
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  Handshake,
+		Plugins:          goplugin.PluginSet{Name: &GRPCPlugin{}},
+		Cmd:              cmd,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		// go-plugin would append the host environment after cmd.Env, and the last value of a
+		// duplicated variable wins: an inherited CUDA_VISIBLE_DEVICES would undo the placement.
+		SkipHostEnv:  true,
+		StartTimeout: timeout,
+		Logger: hclog.New(&hclog.LoggerOptions{
+			Name:       "instance." + lc.Name,
+			Output:     out,
+			Level:      hclog.Info,
+			JSONFormat: true,
+		}),
+	})
+	rpc, err := client.Client()
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("start instance %s: %w", lc.Name, err)
+	}
+	raw, err := rpc.Dispense(Name)
+	if err != nil {
+		client.Kill()
+		return nil, fmt.Errorf("instance %s: %w", lc.Name, err)
+	}
+	inst, ok := raw.(Instance)
+	if !ok {
+		client.Kill()
+		return nil, fmt.Errorf("instance %s: plugin is %T, not an Instance", lc.Name, raw)
+	}
+	return &Process{Instance: inst, client: client}, nil
+}
+
+// Stop ends the process through go-plugin (graceful shutdown, then a kill after a grace period).
+// Signals are not used: ONNX Runtime's CUDA provider replaces the instance's signal handlers.
+func (p *Process) Stop() { p.client.Kill() }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool { return p.client.Exited() }
+
+// PID is the instance's process ID, 0 when unknown.
+func (p *Process) PID() int {
+	if rc := p.client.ReattachConfig(); rc != nil && rc.Pid != 0 {
+		return rc.Pid
+	}
+	return 0
+}
+
+// passEnv are the host variables an instance may inherit; everything else is left behind.
+var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK"}
+
+// InstanceEnv builds an instance's whole environment: the allowed host variables (plus CUDA_* and
+// NVIDIA_* settings other than the device list) and CUDA_VISIBLE_DEVICES set to gpus.
+func InstanceEnv(host []string, gpus []int) []string {
+	var env []string
+	for _, kv := range host {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "CUDA_VISIBLE_DEVICES" || k == Handshake.MagicCookieKey {
+			continue
+		}
+		pass := strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "NVIDIA_")
+		for _, p := range passEnv {
+			pass = pass || k == p
+		}
+		if pass {
+			env = append(env, kv)
+		}
+	}
+	ids := make([]string, len(gpus))
+	for i, g := range gpus {
+		ids[i] = strconv.Itoa(g)
+	}
+	return append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+}

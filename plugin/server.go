@@ -1,0 +1,93 @@
+package plugin
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"math"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/plugin/proto"
+)
+
+// grpcServer adapts an Instance to the generated gRPC service.
+type grpcServer struct {
+	proto.UnimplementedInstanceServer
+	impl Instance
+}
+
+func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.LoadResponse, error) {
+	info, err := s.impl.Load(ctx, instance.LoadConfig{
+		Manifest:        r.Manifest,
+		Provider:        r.Provider,
+		ORTLibrary:      r.OrtLibrary,
+		ProviderOptions: r.ProviderOptions,
+		MaxInflight:     int(r.MaxInflight),
+	})
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &proto.LoadResponse{
+		Model:              info.Model,
+		SampleRate:         uint32(info.SampleRate),
+		Voices:             info.Voices,
+		Provider:           info.Provider,
+		CudaVisibleDevices: info.CUDAVisibleDevices,
+		Pid:                int32(info.PID),
+	}, nil
+}
+
+func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
+	req := instance.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed}
+	err := s.impl.Synthesize(out.Context(), req, func(c instance.Chunk) error {
+		return out.Send(&proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)})
+	})
+	return toStatus(err)
+}
+
+func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto.HealthResponse, error) {
+	h, err := s.impl.Health(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight)}, nil
+}
+
+// toStatus keeps the kind of an instance error across the wire.
+func toStatus(err error) error {
+	var ie *instance.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.As(err, &ie) && ie.Kind == instance.ErrNotReady:
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func encodeF32(pcm []float32) []byte {
+	b := make([]byte, 4*len(pcm))
+	for i, v := range pcm {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+func decodeF32(b []byte) []float32 {
+	pcm := make([]float32, len(b)/4)
+	for i := range pcm {
+		pcm[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return pcm
+}

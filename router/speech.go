@@ -1,0 +1,340 @@
+package router
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/audio"
+)
+
+// Formats the router can produce, with their content types.
+var formats = map[string]string{
+	"wav": "audio/wav",
+	"pcm": "audio/pcm",
+}
+
+// DefaultFormat is used when a request names no response_format.
+const DefaultFormat = "wav"
+
+// openAIVoices are OpenAI's voice names; clients written for OpenAI send them, and they map to
+// the model's first voice.
+var openAIVoices = []string{"alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar"}
+
+type speechRequest struct {
+	Model          string          `json:"model"`
+	Input          *string         `json:"input"`
+	Voice          json.RawMessage `json:"voice"`
+	Instructions   string          `json:"instructions"`
+	ResponseFormat string          `json:"response_format"`
+	Speed          *float64        `json:"speed"`
+	StreamFormat   string          `json:"stream_format"`
+}
+
+// speechJob is a validated request.
+type speechJob struct {
+	req    instance.Request
+	format string
+}
+
+func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
+	if len(body) > MaxBodyBytes {
+		return nil, newError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "request body is larger than 1 MiB")
+	}
+	var r speechRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&r); err != nil {
+		return nil, invalid("", "request body is not valid JSON: "+err.Error())
+	}
+	if dec.More() {
+		return nil, invalid("", "request body has data after the JSON object")
+	}
+	m := s.o.Pool.Model()
+	if r.Model != "" && r.Model != m.Name && !slices.Contains(s.o.ModelAliases, r.Model) {
+		e := newError(fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
+			fmt.Sprintf("model %q is not served here; use %q", r.Model, m.Name))
+		p := "model"
+		e.Param = &p
+		return nil, e
+	}
+	if r.Input == nil {
+		return nil, invalid("input", "input is required")
+	}
+	text := strings.TrimSpace(*r.Input)
+	if text == "" {
+		return nil, invalid("input", "input is empty")
+	}
+	if !utf8.ValidString(text) {
+		return nil, invalid("input", "input is not valid UTF-8")
+	}
+	if n := utf8.RuneCountInString(text); n > s.o.MaxInputChars {
+		return nil, invalid("input", fmt.Sprintf("input has %d characters; the limit is %d", n, s.o.MaxInputChars))
+	}
+	voice, aerr := pickVoice(r.Voice, m.Voices)
+	if aerr != nil {
+		return nil, aerr
+	}
+	format := r.ResponseFormat
+	if format == "" {
+		format = DefaultFormat
+	}
+	if _, ok := formats[format]; !ok {
+		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(sortedKeys(formats), ", ")))
+	}
+	if r.StreamFormat != "" && r.StreamFormat != "audio" {
+		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio", r.StreamFormat))
+	}
+	speed := 1.0
+	if r.Speed != nil {
+		speed = *r.Speed
+		if speed < 0.25 || speed > 4 {
+			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
+		}
+	}
+	return &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: float32(speed)}, format: format}, nil
+}
+
+// pickVoice reads "voice" as a string or {"id": ...}.
+func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return voices[0], nil
+	}
+	var name string
+	if err := json.Unmarshal(raw, &name); err != nil {
+		var obj struct {
+			ID string `json:"id"`
+		}
+		if err := json.Unmarshal(raw, &obj); err != nil || obj.ID == "" {
+			return "", invalid("voice", `voice must be a string or an object {"id": "..."}`)
+		}
+		name = obj.ID
+	}
+	switch {
+	case name == "":
+		return voices[0], nil
+	case slices.Contains(voices, name):
+		return name, nil
+	case slices.Contains(openAIVoices, name):
+		return voices[0], nil
+	}
+	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", name, strings.Join(voices, ", ")))
+}
+
+func (s *Server) speech(ctx *fasthttp.RequestCtx) {
+	start := time.Now()
+	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	if id == "" {
+		id = newRequestID()
+	}
+	ctx.Response.Header.Set("X-Request-Id", id)
+	log := s.o.Logger.With("request_id", id)
+
+	job, aerr := s.parseSpeech(ctx.PostBody())
+	if aerr != nil {
+		log.Info("speech", "status", aerr.Status, "error", aerr.Message)
+		writeError(ctx, aerr)
+		return
+	}
+	job.req.ID = id
+	rctx, cancel := context.WithTimeout(context.Background(), s.o.RequestTimeout)
+	st := s.startStream(rctx, job.req)
+	first, ok := <-st.chunks
+	if !ok {
+		cancel()
+		e := synthError(st.err)
+		log.Warn("speech", "status", e.Status, "error", st.err, "chars", utf8.RuneCountInString(job.req.Text))
+		writeError(ctx, e)
+		return
+	}
+	ttfb := time.Since(start)
+	ctx.SetContentType(formats[job.format])
+	chars := utf8.RuneCountInString(job.req.Text)
+	ctx.SetBodyStream(&audioBody{st: st, next: &first, wav: job.format == "wav", cancel: cancel,
+		done: func(outcome string, samples int, err error) {
+			secs := float64(samples) / float64(first.SampleRate)
+			attrs := []any{"status", 200, "format", job.format, "chars", chars, "audio_seconds", secs,
+				"ttfb_ms", ttfb.Milliseconds(), "total_ms", time.Since(start).Milliseconds(), "outcome", outcome}
+			if err != nil {
+				log.Warn("speech", append(attrs, "error", err)...)
+				return
+			}
+			log.Info("speech", attrs...)
+		}}, -1)
+}
+
+// errCut ends a response body that failed after audio had left: fasthttp then closes the
+// connection without the final chunk, so the client sees a failed transfer, never short audio
+// that looks complete.
+var errCut = errors.New("synthesis failed mid-stream")
+
+// audioBody encodes a stream's chunks as the response body, chunk by chunk.
+type audioBody struct {
+	st      *stream
+	next    *instance.Chunk
+	wav     bool
+	pending []byte
+	samples int
+	ended   error // io.EOF or errCut once the stream is over
+	cancel  context.CancelFunc
+	done    func(outcome string, samples int, err error)
+}
+
+func (b *audioBody) Read(p []byte) (int, error) {
+	for len(b.pending) == 0 {
+		if b.ended != nil {
+			return 0, b.ended
+		}
+		c := b.next
+		b.next = nil
+		if c == nil {
+			if v, ok := <-b.st.chunks; ok {
+				c = &v
+			}
+		}
+		if c == nil {
+			b.ended = io.EOF
+			if b.st.err != nil {
+				b.ended = errCut
+			}
+			continue
+		}
+		if b.wav {
+			b.pending, b.wav = audio.WAVHeader(c.SampleRate, audio.StreamingSize), false
+		}
+		b.pending = audio.PCM16(b.pending, c.PCM)
+		b.samples += len(c.PCM)
+	}
+	n := copy(p, b.pending)
+	b.pending = b.pending[n:]
+	return n, nil
+}
+
+// Close is called by fasthttp when the body is done, written or not; it stops the synthesis if the
+// client went away.
+func (b *audioBody) Close() error {
+	b.cancel()
+	switch b.ended {
+	case io.EOF:
+		b.done("ok", b.samples, nil)
+	case errCut:
+		b.done("failed_mid_stream", b.samples, b.st.err)
+	default:
+		b.done("client_gone", b.samples, errors.New("client stopped reading"))
+		go func() {
+			for range b.st.chunks {
+			}
+		}()
+	}
+	return nil
+}
+
+// stream carries one request's audio from an instance to the HTTP response.
+type stream struct {
+	chunks chan instance.Chunk
+	err    error // valid once chunks is closed
+}
+
+// startStream runs req on the least-loaded ready backend. If that backend fails before any audio
+// reached the router, the request runs once more on another one, unseen by the client.
+func (s *Server) startStream(ctx context.Context, req instance.Request) *stream {
+	st := &stream{chunks: make(chan instance.Chunk, 4)}
+	go func() {
+		defer close(st.chunks)
+		var failed *Backend
+		for attempt := 0; attempt < 2; attempt++ {
+			b, full := s.o.Pool.acquire(failed)
+			if b == nil {
+				if attempt > 0 && st.err != nil {
+					return // keep the first failure
+				}
+				st.err = errNoBackend{full: full}
+				return
+			}
+			sent := false
+			err := b.Synth.Synthesize(ctx, req, func(c instance.Chunk) error {
+				select {
+				case st.chunks <- c:
+					sent = true
+					return nil
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			})
+			b.release()
+			st.err = err
+			if err == nil || sent || !retryable(err) || ctx.Err() != nil {
+				return
+			}
+			s.o.Logger.Warn("instance failed before audio; retrying on another", "request_id", req.ID, "backend", b.Name, "error", err)
+			failed = b
+		}
+	}()
+	return st
+}
+
+type errNoBackend struct{ full bool }
+
+func (e errNoBackend) Error() string {
+	if e.full {
+		return "every instance is at its max_inflight"
+	}
+	return "no instance is ready"
+}
+
+func retryable(err error) bool {
+	var ie *instance.Error
+	if errors.As(err, &ie) {
+		return ie.Kind != instance.ErrInvalid
+	}
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// synthError maps a failure before any audio to an HTTP error.
+func synthError(err error) *apiError {
+	var nb errNoBackend
+	var ie *instance.Error
+	switch {
+	case errors.As(err, &nb) && nb.full:
+		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", nb.Error())
+	case errors.As(err, &nb):
+		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", nb.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
+	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
+		return invalid("input", ie.Msg)
+	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
+		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", ie.Msg)
+	case errors.As(err, &ie) && ie.Kind == instance.ErrNotReady:
+		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", ie.Msg)
+	case err == nil:
+		return newError(fasthttp.StatusInternalServerError, "server_error", "no_audio", "the model produced no audio for this input")
+	}
+	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed: "+err.Error())
+}
+
+func newRequestID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func sortedKeys(m map[string]string) []string {
+	k := make([]string, 0, len(m))
+	for x := range m {
+		k = append(k, x)
+	}
+	slices.Sort(k)
+	return k
+}
