@@ -39,14 +39,17 @@ func NewEngine(p *Pipeline) *Engine {
 	return e
 }
 
-// Close stops the loops; requests still running fail.
-func (e *Engine) Close() {
+// Close stops the loops (requests still running fail) and frees the pipeline.
+func (e *Engine) Close() error {
+	var err error
 	e.once.Do(func() {
 		close(e.done)
 		e.flowQ.close()
 		e.vocQ.close()
 		e.wg.Wait()
+		err = e.p.Close()
 	})
+	return err
 }
 
 // ErrEmptyText is returned for text that has nothing to speak.

@@ -23,22 +23,14 @@ func ortLibrary(t testing.TB) string {
 	return p
 }
 
-var (
-	tinyOnce sync.Once
-	tinyP    *Pipeline
-	tinyErr  error
-)
-
-// tinyPipeline loads models/tiny once per test binary: ONNX Runtime's environment is per process.
+// tinyPipeline loads models/tiny; the engine that gets it closes it.
 func tinyPipeline(t testing.TB) *Pipeline {
 	t.Helper()
-	tinyOnce.Do(func() {
-		tinyP, tinyErr = LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)})
-	})
-	if tinyErr != nil {
-		t.Fatal(tinyErr)
+	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)})
+	if err != nil {
+		t.Fatal(err)
 	}
-	return tinyP
+	return p
 }
 
 func synth(t *testing.T, e *Engine, req Request) []float32 {

@@ -13,8 +13,7 @@ import (
 // requests on its engine, refusing more than max_inflight at once.
 type Service struct {
 	mu       sync.Mutex
-	p        *Pipeline
-	e        *Engine
+	e        Runner
 	info     Info
 	slots    chan struct{}
 	inflight atomic.Int64
@@ -31,7 +30,7 @@ func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
 	if s.e != nil {
 		return Info{}, errors.New("instance already loaded")
 	}
-	p, err := LoadPipeline(cfg)
+	r, desc, err := Open(cfg)
 	if err != nil {
 		return Info{}, err
 	}
@@ -39,12 +38,11 @@ func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
 	if n <= 0 {
 		n = 16
 	}
-	s.p, s.e, s.slots = p, NewEngine(p), make(chan struct{}, n)
-	m := p.Manifest()
+	s.e, s.slots = r, make(chan struct{}, n)
 	s.info = Info{
-		Model:              m.Name,
-		SampleRate:         m.SampleRate,
-		Voices:             m.Voices,
+		Model:              desc.Name,
+		SampleRate:         desc.SampleRate,
+		Voices:             desc.Voices,
 		Provider:           cfg.Provider,
 		CUDAVisibleDevices: s.env("CUDA_VISIBLE_DEVICES"),
 		PID:                os.Getpid(),
@@ -52,7 +50,7 @@ func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
 	return s.info, nil
 }
 
-func (s *Service) engine() *Engine {
+func (s *Service) engine() Runner {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.e
@@ -94,8 +92,7 @@ func (s *Service) Close() error {
 	if s.e == nil {
 		return nil
 	}
-	s.e.Close()
-	err := s.p.Close()
-	s.e, s.p = nil, nil
+	err := s.e.Close()
+	s.e = nil
 	return err
 }

@@ -49,13 +49,12 @@ func (f *fakeInstance) Health(ctx context.Context) (instance.Health, error) {
 // adapter talking to it, in-process.
 func connect(t *testing.T, impl Instance) Instance {
 	t.Helper()
-	client, server := goplugin.TestPluginGRPCConn(t, false, map[string]goplugin.Plugin{
+	client, _ := goplugin.TestPluginGRPCConn(t, false, map[string]goplugin.Plugin{
 		Name: &GRPCPlugin{Impl: impl},
 	})
-	t.Cleanup(func() {
-		_ = client.Close()
-		server.Stop()
-	})
+	// Close also stops the server, through go-plugin's controller service (calling server.Stop
+	// as well races inside go-plugin).
+	t.Cleanup(func() { _ = client.Close() })
 	raw, err := client.Dispense(Name)
 	if err != nil {
 		t.Fatalf("Dispense: %v", err)

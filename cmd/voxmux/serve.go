@@ -45,7 +45,7 @@ func serveCmd() *cobra.Command {
 
 func serve(ctx context.Context, cfg *config.Config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	manifest, err := instance.LoadManifest(cfg.ModelPath())
+	manifest, err := instance.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
 	}
