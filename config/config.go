@@ -185,6 +185,9 @@ func (c *Config) ModelPath() string {
 
 // lineOf finds the line of the node at a YAML path, 0 when it cannot.
 func lineOf(data []byte, path string) int {
+	if path == "$" {
+		return 0 // a missing top-level key has no line of its own
+	}
 	f, err := parser.ParseBytes(data, 0)
 	if err != nil {
 		return 0

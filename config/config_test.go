@@ -250,7 +250,7 @@ func TestParseErrors(t *testing.T) {
 		{
 			name: "request_timeout without a unit",
 			yaml: "model: m.yaml\nrequest_timeout: 30\ngroups:\n  - name: a\n",
-			want: []string{`"30"`},
+			want: []string{`30 is not a duration`, `[2:`},
 		},
 		{
 			name: "wrong type",

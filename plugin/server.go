@@ -28,7 +28,11 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 		MaxInflight:     int(r.MaxInflight),
 	})
 	if err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		var ie *instance.Error
+		if errors.As(err, &ie) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return nil, toStatus(err)
+		}
+		return nil, status.Error(codes.FailedPrecondition, err.Error()) // a failed load: not ready
 	}
 	return &proto.LoadResponse{
 		Model:              info.Model,
