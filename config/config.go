@@ -34,6 +34,10 @@ type Config struct {
 	// RequestTimeout bounds one synthesis, e.g. "5m".
 	RequestTimeout Duration `yaml:"request_timeout"`
 	Groups         []Group  `yaml:"groups"`
+	Queue          Queue    `yaml:"queue"`
+	Admin          Admin    `yaml:"admin"`
+	Restart        Restart  `yaml:"restart"`
+	Shutdown       Shutdown `yaml:"shutdown"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -48,7 +52,23 @@ type Group struct {
 	Instances int `yaml:"instances"`
 	// MaxInflight is the number of concurrent requests one instance accepts.
 	MaxInflight int `yaml:"max_inflight"`
+	// Placement is where the stages run inside the group: replicated (a whole pipeline on every
+	// GPU of the group) or split (LM on the first GPU, flow and vocoder on the second).
+	Placement string `yaml:"placement"`
+	// GPUMemoryLimit caps ONNX Runtime's CUDA arena per GPU: bytes ("8GiB") or a fraction of the
+	// device ("0.4"). Empty leaves ONNX Runtime's default.
+	GPUMemoryLimit string `yaml:"gpu_memory_limit"`
+	// ArenaExtendStrategy is ONNX Runtime's arena_extend_strategy: kNextPowerOfTwo or kSameAsRequested.
+	ArenaExtendStrategy string `yaml:"arena_extend_strategy"`
+	// ProviderOptions are passed to the execution provider as they are (e.g. cudnn_conv_algo_search).
+	ProviderOptions map[string]string `yaml:"provider_options"`
 }
+
+// Placements of the stages inside a group.
+const (
+	PlacementReplicated = "replicated"
+	PlacementSplit      = "split"
+)
 
 // Defaults applied to keys a config leaves out.
 const (
@@ -96,6 +116,7 @@ func (c *Config) applyDefaults() {
 	if c.MaxInputChars == 0 {
 		c.MaxInputChars = DefaultMaxInputChars
 	}
+	c.applyOpsDefaults()
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		if g.Instances == 0 {
@@ -170,6 +191,18 @@ func (c *Config) validate() error {
 				return bad(p+".gpus", k+".gpus", "group %q: GPU %d is already in group %q", g.Name, gpu, other)
 			}
 			owner[gpu] = g.Name
+		}
+	}
+	return c.validateOps()
+}
+
+// CheckGPUs rejects GPU indices the host does not have (count from NVML, when it can list them).
+func (c *Config) CheckGPUs(count int) error {
+	for i, g := range c.Groups {
+		for _, gpu := range g.GPUs {
+			if gpu >= count {
+				return fmt.Errorf("config %s: groups[%d].gpus: group %q: GPU %d does not exist (this host has %d: 0..%d)", c.File, i, g.Name, gpu, count, count-1)
+			}
 		}
 	}
 	return nil

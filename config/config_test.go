@@ -100,7 +100,10 @@ groups:
 				if len(got.Groups[i].GPUs) == 0 {
 					got.Groups[i].GPUs = nil
 				}
+				got.Groups[i].Placement = "" // checked in TestOpsDefaults
 			}
+			// The operations sections have their own tests.
+			got.Queue, got.Admin, got.Restart, got.Shutdown = Queue{}, Admin{}, Restart{}, Shutdown{}
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}
@@ -420,5 +423,64 @@ func TestLoadFromDisk(t *testing.T) {
 	}
 	if got, want := c.ModelPath(), filepath.Join(dir, "pipeline.yaml"); got != want {
 		t.Errorf("ModelPath() = %q, want %q", got, want)
+	}
+}
+
+func TestOpsDefaults(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Queue.Size != 256 || c.Queue.Timeout.Std() != 30*time.Second || c.Restart.BackoffInitial.Std() != time.Second ||
+		c.Restart.BackoffMax.Std() != time.Minute || c.Restart.MaxFailures != 5 || c.Groups[0].Placement != PlacementReplicated ||
+		c.Shutdown.Grace.Std() != 2*time.Second || c.Admin.Listen != "" {
+		t.Fatalf("defaults: %+v", c)
+	}
+}
+
+func TestOpsErrors(t *testing.T) {
+	cases := []struct{ yaml, want string }{
+		{"model: m\nadmin: {listen: 127.0.0.1:9090}\ngroups: [{name: a}]\n", "admin.token"},
+		{"model: m\ngroups: [{name: a, placement: split}]\n", `group "a": split placement needs provider cuda`},
+		{"model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0, 1], placement: diagonal}]\n", "diagonal"},
+		{"model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0], placement: split}]\n", "at least 2 GPUs (it has 1)"},
+		{"model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0], gpu_memory_limit: lots}]\n", "gpu_memory_limit"},
+		{"model: m\ngroups: [{name: a, gpu_memory_limit: 8GiB}]\n", "needs provider cuda"},
+		{"model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0], arena_extend_strategy: kAlways}]\n", "kAlways"},
+		{"model: m\nrestart: {backoff_initial: 10s, backoff_max: 1s}\ngroups: [{name: a}]\n", "restart.backoff_max"},
+		{"model: m\nqueue: {size: -1}\ngroups: [{name: a}]\n", "queue.size"},
+	}
+	for _, c := range cases {
+		_, err := Parse(testFile, []byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), testFile) {
+			t.Errorf("%q: error %v, want one naming %q and the file", c.yaml, err, c.want)
+		}
+	}
+}
+
+func TestParseMemoryLimit(t *testing.T) {
+	for in, want := range map[string][2]float64{"8GiB": {8 << 30, 0}, "512MiB": {512 << 20, 0}, "1000": {1000, 0}, "0.4": {0, 0.4}, "2GB": {2e9, 0}} {
+		b, f, err := ParseMemoryLimit(in)
+		if err != nil || float64(b) != want[0] || f != want[1] {
+			t.Errorf("%s: %d %g %v", in, b, f, err)
+		}
+	}
+	for _, in := range []string{"", "0", "1.5", "-1GiB", "lots", "0.0"} {
+		if _, _, err := ParseMemoryLimit(in); err == nil {
+			t.Errorf("%q accepted", in)
+		}
+	}
+}
+
+func TestCheckGPUs(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0, 1]}, {name: b, gpus: [4]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckGPUs(8); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckGPUs(4); err == nil || !strings.Contains(err.Error(), `group "b": GPU 4 does not exist`) {
+		t.Fatalf("got %v", err)
 	}
 }
