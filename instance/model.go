@@ -2,7 +2,9 @@ package instance
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync/atomic"
 )
 
 // Runner synthesizes requests on a loaded model; each kind of model has its own.
@@ -36,11 +38,68 @@ func Open(cfg LoadConfig) (Runner, Description, error) {
 	}
 	switch d.Kind {
 	case "staged":
-		p, err := LoadPipeline(cfg)
-		if err != nil {
-			return nil, Description{}, err
-		}
-		return NewEngine(p), d, nil
+		r, err := openStaged(cfg)
+		return r, d, err
 	}
 	return nil, Description{}, fmt.Errorf("model %s: kind %q cannot be served", cfg.Manifest, d.Kind)
+}
+
+// openStaged places the staged pipeline on the visible GPUs: split puts the LM on device 0 and
+// flow and vocoder on device 1; replicated runs a whole pipeline (and engine) on every device.
+func openStaged(cfg LoadConfig) (Runner, error) {
+	devices := 1
+	if cfg.Provider == "cuda" {
+		devices = max(1, len(CUDADevices())) // with none, device 0 fails with ONNX Runtime's own reason
+	}
+	if cfg.Placement == "split" {
+		if devices < 2 {
+			return nil, fmt.Errorf("placement split needs 2 visible GPUs, this instance sees %d", devices)
+		}
+		p, err := loadPipeline(cfg, 0, 1)
+		if err != nil {
+			return nil, err
+		}
+		return NewEngine(p), nil
+	}
+	var engines []*Engine
+	for d := 0; d < devices; d++ {
+		p, err := loadPipeline(cfg, d, d)
+		if err != nil {
+			for _, e := range engines {
+				e.Close()
+			}
+			return nil, fmt.Errorf("device %d: %w", d, err)
+		}
+		engines = append(engines, NewEngine(p))
+	}
+	if len(engines) == 1 {
+		return engines[0], nil
+	}
+	return &replicas{engines: engines, load: make([]atomic.Int64, len(engines))}, nil
+}
+
+// replicas spreads requests over one engine per GPU, to the least loaded.
+type replicas struct {
+	engines []*Engine
+	load    []atomic.Int64
+}
+
+func (r *replicas) Synthesize(ctx context.Context, req Request, emit func(Chunk) error) error {
+	best := 0
+	for i := range r.engines {
+		if r.load[i].Load() < r.load[best].Load() {
+			best = i
+		}
+	}
+	r.load[best].Add(1)
+	defer r.load[best].Add(-1)
+	return r.engines[best].Synthesize(ctx, req, emit)
+}
+
+func (r *replicas) Close() error {
+	var errs []error
+	for _, e := range r.engines {
+		errs = append(errs, e.Close())
+	}
+	return errors.Join(errs...)
 }

@@ -9,26 +9,36 @@ import (
 // Pipeline holds the loaded stages of a staged (LM → flow → vocoder) model.
 type Pipeline struct {
 	m    *Manifest
-	rt   *runtime
+	rt   *runtime // the LM's
+	rt2  *runtime // the flow's and vocoder's (rt itself unless split)
 	lm   *lmStage
 	flow *flowStage
 	voc  *vocoderStage
 }
 
-// LoadPipeline loads the manifest's graphs on the configured provider.
-func LoadPipeline(cfg LoadConfig) (*Pipeline, error) {
+// LoadPipeline loads the manifest's graphs on the configured provider, all on device 0.
+func LoadPipeline(cfg LoadConfig) (*Pipeline, error) { return loadPipeline(cfg, 0, 0) }
+
+// loadPipeline puts the LM on device lmDev and the flow and vocoder on flowDev.
+func loadPipeline(cfg LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
 	m, err := LoadManifest(cfg.Manifest)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := newRuntime(cfg)
+	rt, err := newRuntime(cfg, lmDev)
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{m: m, rt: rt}
+	p := &Pipeline{m: m, rt: rt, rt2: rt}
+	if flowDev != lmDev {
+		if p.rt2, err = newRuntime(cfg, flowDev); err != nil {
+			rt.close()
+			return nil, err
+		}
+	}
 	if p.lm, err = newLMStage(rt, m); err == nil {
-		if p.flow, err = newFlowStage(rt, m); err == nil {
-			p.voc, err = newVocoderStage(rt, m)
+		if p.flow, err = newFlowStage(p.rt2, m); err == nil {
+			p.voc, err = newVocoderStage(p.rt2, m)
 		}
 	}
 	if err != nil {
@@ -54,6 +64,9 @@ func (p *Pipeline) Close() error {
 		errs = append(errs, p.voc.sess.Destroy())
 	}
 	p.rt.close()
+	if p.rt2 != p.rt {
+		p.rt2.close()
+	}
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/voxmux/voxmux/config"
+
 	ort "github.com/yalue/onnxruntime_go"
 )
 
@@ -15,7 +17,7 @@ type runtime struct {
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
 // environment is per process, so an instance process loads exactly one pipeline.
-func newRuntime(cfg LoadConfig) (*runtime, error) {
+func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 	if cfg.ORTLibrary == "" {
 		return nil, fmt.Errorf("onnxruntime: no library path given")
 	}
@@ -60,9 +62,17 @@ func newRuntime(cfg LoadConfig) (*runtime, error) {
 		}
 		defer cuda.Destroy()
 		// The instance sees only its group's GPUs (CUDA_VISIBLE_DEVICES), so device 0 is the group's first GPU.
-		o := map[string]string{"device_id": "0"}
+		o := map[string]string{"device_id": strconv.Itoa(device)}
 		for k, v := range rest {
 			o[k] = v
+		}
+		if cfg.GPUMemoryLimit != "" {
+			limit, err := memoryLimit(cfg.GPUMemoryLimit, device)
+			if err != nil {
+				opts.Destroy()
+				return nil, err
+			}
+			o["gpu_mem_limit"] = strconv.FormatUint(limit, 10)
 		}
 		if err := cuda.Update(o); err != nil {
 			opts.Destroy()
@@ -99,4 +109,21 @@ func keys(m map[string]string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// memoryLimit turns "8GiB", "1000" or a fraction like "0.4" into bytes for device.
+func memoryLimit(s string, device int) (uint64, error) {
+	b, frac, err := config.ParseMemoryLimit(s)
+	if err != nil {
+		return 0, fmt.Errorf("gpu_memory_limit: %w", err)
+	}
+	if frac == 0 {
+		return b, nil
+	}
+	for _, g := range CUDADevices() {
+		if g.Index == device {
+			return uint64(frac * float64(g.MemoryTotal)), nil
+		}
+	}
+	return 0, fmt.Errorf("gpu_memory_limit %s: cannot read the size of GPU %d to take a fraction of it", s, device)
 }

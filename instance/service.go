@@ -46,6 +46,7 @@ func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
 		Provider:           cfg.Provider,
 		CUDAVisibleDevices: s.env("CUDA_VISIBLE_DEVICES"),
 		PID:                os.Getpid(),
+		GPUs:               CUDADevices(),
 	}
 	return s.info, nil
 }

@@ -26,6 +26,11 @@ type LoadConfig struct {
 	ORTLibrary      string
 	ProviderOptions map[string]string
 	MaxInflight     int
+	// Placement is "replicated" (a pipeline on every visible GPU) or "split" (LM on GPU 0, flow
+	// and vocoder on GPU 1); empty means replicated.
+	Placement string
+	// GPUMemoryLimit caps the CUDA arena per GPU: bytes ("8GiB") or a fraction of the device ("0.4").
+	GPUMemoryLimit string
 }
 
 // Info describes a loaded instance.
@@ -37,6 +42,8 @@ type Info struct {
 	// CUDAVisibleDevices is the value the instance process saw.
 	CUDAVisibleDevices string
 	PID                int
+	// GPUs are the CUDA devices the instance process saw.
+	GPUs []GPU
 }
 
 // Health is an instance's own view of itself.

@@ -25,11 +25,18 @@ func (c *grpcClient) Load(ctx context.Context, cfg instance.LoadConfig) (instanc
 		OrtLibrary:      cfg.ORTLibrary,
 		ProviderOptions: cfg.ProviderOptions,
 		MaxInflight:     uint32(cfg.MaxInflight),
+		Placement:       cfg.Placement,
+		GpuMemoryLimit:  cfg.GPUMemoryLimit,
 	})
 	if err != nil {
 		return instance.Info{}, fromStatus(err)
 	}
+	var gpus []instance.GPU
+	for _, g := range r.Gpus {
+		gpus = append(gpus, instance.GPU{Index: int(g.Index), UUID: g.Uuid, Name: g.Name, MemoryTotal: g.MemoryTotal})
+	}
 	return instance.Info{
+		GPUs:               gpus,
 		Model:              r.Model,
 		SampleRate:         int(r.SampleRate),
 		Voices:             r.Voices,

@@ -26,6 +26,8 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 		ORTLibrary:      r.OrtLibrary,
 		ProviderOptions: r.ProviderOptions,
 		MaxInflight:     int(r.MaxInflight),
+		Placement:       r.Placement,
+		GPUMemoryLimit:  r.GpuMemoryLimit,
 	})
 	if err != nil {
 		var ie *instance.Error
@@ -34,7 +36,12 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 		}
 		return nil, status.Error(codes.FailedPrecondition, err.Error()) // a failed load: not ready
 	}
+	gpus := make([]*proto.Gpu, len(info.GPUs))
+	for i, g := range info.GPUs {
+		gpus[i] = &proto.Gpu{Index: uint32(g.Index), Uuid: g.UUID, Name: g.Name, MemoryTotal: g.MemoryTotal}
+	}
 	return &proto.LoadResponse{
+		Gpus:               gpus,
 		Model:              info.Model,
 		SampleRate:         uint32(info.SampleRate),
 		Voices:             info.Voices,

@@ -31,6 +31,8 @@ type LoadRequest struct {
 	OrtLibrary      string                 `protobuf:"bytes,3,opt,name=ort_library,json=ortLibrary,proto3" json:"ort_library,omitempty"` // path of libonnxruntime.so
 	ProviderOptions map[string]string      `protobuf:"bytes,4,rep,name=provider_options,json=providerOptions,proto3" json:"provider_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	MaxInflight     uint32                 `protobuf:"varint,5,opt,name=max_inflight,json=maxInflight,proto3" json:"max_inflight,omitempty"`
+	Placement       string                 `protobuf:"bytes,6,opt,name=placement,proto3" json:"placement,omitempty"`                                   // "replicated" or "split"
+	GpuMemoryLimit  string                 `protobuf:"bytes,7,opt,name=gpu_memory_limit,json=gpuMemoryLimit,proto3" json:"gpu_memory_limit,omitempty"` // bytes ("8GiB") or a fraction of the device ("0.4")
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -100,6 +102,20 @@ func (x *LoadRequest) GetMaxInflight() uint32 {
 	return 0
 }
 
+func (x *LoadRequest) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetGpuMemoryLimit() string {
+	if x != nil {
+		return x.GpuMemoryLimit
+	}
+	return ""
+}
+
 type LoadResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Model      string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -109,6 +125,7 @@ type LoadResponse struct {
 	// What the instance process saw, so the router can show and check placement.
 	CudaVisibleDevices string `protobuf:"bytes,5,opt,name=cuda_visible_devices,json=cudaVisibleDevices,proto3" json:"cuda_visible_devices,omitempty"`
 	Pid                int32  `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
+	Gpus               []*Gpu `protobuf:"bytes,7,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
 }
@@ -185,6 +202,82 @@ func (x *LoadResponse) GetPid() int32 {
 	return 0
 }
 
+func (x *LoadResponse) GetGpus() []*Gpu {
+	if x != nil {
+		return x.Gpus
+	}
+	return nil
+}
+
+// A CUDA device as the instance process saw it.
+type Gpu struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint32                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Uuid          string                 `protobuf:"bytes,2,opt,name=uuid,proto3" json:"uuid,omitempty"`
+	Name          string                 `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	MemoryTotal   uint64                 `protobuf:"varint,4,opt,name=memory_total,json=memoryTotal,proto3" json:"memory_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Gpu) Reset() {
+	*x = Gpu{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Gpu) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Gpu) ProtoMessage() {}
+
+func (x *Gpu) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
+func (*Gpu) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Gpu) GetIndex() uint32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Gpu) GetUuid() string {
+	if x != nil {
+		return x.Uuid
+	}
+	return ""
+}
+
+func (x *Gpu) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Gpu) GetMemoryTotal() uint64 {
+	if x != nil {
+		return x.MemoryTotal
+	}
+	return 0
+}
+
 type SynthesizeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -198,7 +291,7 @@ type SynthesizeRequest struct {
 
 func (x *SynthesizeRequest) Reset() {
 	*x = SynthesizeRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -210,7 +303,7 @@ func (x *SynthesizeRequest) String() string {
 func (*SynthesizeRequest) ProtoMessage() {}
 
 func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -223,7 +316,7 @@ func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SynthesizeRequest.ProtoReflect.Descriptor instead.
 func (*SynthesizeRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SynthesizeRequest) GetRequestId() string {
@@ -272,7 +365,7 @@ type AudioChunk struct {
 
 func (x *AudioChunk) Reset() {
 	*x = AudioChunk{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +377,7 @@ func (x *AudioChunk) String() string {
 func (*AudioChunk) ProtoMessage() {}
 
 func (x *AudioChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +390,7 @@ func (x *AudioChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AudioChunk.ProtoReflect.Descriptor instead.
 func (*AudioChunk) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AudioChunk) GetPcmF32Le() []byte {
@@ -329,7 +422,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -341,7 +434,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -354,7 +447,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
 }
 
 type HealthResponse struct {
@@ -368,7 +461,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -380,7 +473,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -393,7 +486,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HealthResponse) GetReady() bool {
@@ -421,17 +514,19 @@ var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\n" +
-	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"\xac\x02\n" +
+	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"\xf4\x02\n" +
 	"\vLoadRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
 	"\vort_library\x18\x03 \x01(\tR\n" +
 	"ortLibrary\x12]\n" +
 	"\x10provider_options\x18\x04 \x03(\v22.voxmux.plugin.v1.LoadRequest.ProviderOptionsEntryR\x0fproviderOptions\x12!\n" +
-	"\fmax_inflight\x18\x05 \x01(\rR\vmaxInflight\x1aB\n" +
+	"\fmax_inflight\x18\x05 \x01(\rR\vmaxInflight\x12\x1c\n" +
+	"\tplacement\x18\x06 \x01(\tR\tplacement\x12(\n" +
+	"\x10gpu_memory_limit\x18\a \x01(\tR\x0egpuMemoryLimit\x1aB\n" +
 	"\x14ProviderOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbd\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x01\n" +
 	"\fLoadResponse\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
 	"\vsample_rate\x18\x02 \x01(\rR\n" +
@@ -439,7 +534,13 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x06voices\x18\x03 \x03(\tR\x06voices\x12\x1a\n" +
 	"\bprovider\x18\x04 \x01(\tR\bprovider\x120\n" +
 	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12\x10\n" +
-	"\x03pid\x18\x06 \x01(\x05R\x03pid\"\x86\x01\n" +
+	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12)\n" +
+	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpus\"f\n" +
+	"\x03Gpu\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
+	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12!\n" +
+	"\fmemory_total\x18\x04 \x01(\x04R\vmemoryTotal\"\x86\x01\n" +
 	"\x11SynthesizeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
@@ -476,29 +577,31 @@ func file_plugin_proto_voxmux_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_voxmux_proto_rawDescData
 }
 
-var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*LoadRequest)(nil),       // 0: voxmux.plugin.v1.LoadRequest
 	(*LoadResponse)(nil),      // 1: voxmux.plugin.v1.LoadResponse
-	(*SynthesizeRequest)(nil), // 2: voxmux.plugin.v1.SynthesizeRequest
-	(*AudioChunk)(nil),        // 3: voxmux.plugin.v1.AudioChunk
-	(*HealthRequest)(nil),     // 4: voxmux.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),    // 5: voxmux.plugin.v1.HealthResponse
-	nil,                       // 6: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	(*Gpu)(nil),               // 2: voxmux.plugin.v1.Gpu
+	(*SynthesizeRequest)(nil), // 3: voxmux.plugin.v1.SynthesizeRequest
+	(*AudioChunk)(nil),        // 4: voxmux.plugin.v1.AudioChunk
+	(*HealthRequest)(nil),     // 5: voxmux.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),    // 6: voxmux.plugin.v1.HealthResponse
+	nil,                       // 7: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
-	6, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
-	0, // 1: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
-	2, // 2: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
-	4, // 3: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
-	1, // 4: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
-	3, // 5: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
-	5, // 6: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	7, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	2, // 1: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
+	0, // 2: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
+	3, // 3: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
+	5, // 4: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
+	1, // 5: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
+	4, // 6: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
+	6, // 7: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_voxmux_proto_init() }
@@ -512,7 +615,7 @@ func file_plugin_proto_voxmux_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_voxmux_proto_rawDesc), len(file_plugin_proto_voxmux_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
