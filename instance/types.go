@@ -2,6 +2,8 @@
 // ONNX Runtime stages (LM, flow, vocoder) and the streaming synthesis of one request.
 package instance
 
+import "time"
+
 // Request is one synthesis request as the router hands it to an instance.
 type Request struct {
 	ID    string
@@ -70,3 +72,29 @@ type Error struct {
 }
 
 func (e *Error) Error() string { return e.Msg }
+
+// State is where a supervised instance (or a group of them) is in its life.
+type State string
+
+// States of instances and groups.
+const (
+	StateStarting   State = "starting"
+	StateReady      State = "ready"
+	StateDraining   State = "draining"
+	StateRestarting State = "restarting"
+	StateUnhealthy  State = "unhealthy"
+	StateFailed     State = "failed"
+	StateStopped    State = "stopped"
+)
+
+// Status is a supervised instance as operators see it.
+type Status struct {
+	Name      string
+	State     State
+	PID       int
+	GPUs      []GPU
+	Restarts  int
+	Failures  int
+	Since     time.Time // when the current state began
+	LastError string
+}

@@ -65,7 +65,7 @@ func (f *fakeSynth) Calls() int {
 // serveTest runs a Server on a loopback port over the given backends.
 func serveTest(t *testing.T, backends ...*Backend) string {
 	t.Helper()
-	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default", "other"}})
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default", "other"}}, QueueOptions{Size: 0, Timeout: time.Second})
 	for _, b := range backends {
 		pool.Add(b)
 	}
@@ -80,7 +80,7 @@ func serveTest(t *testing.T, backends ...*Backend) string {
 }
 
 func ready(name string, s Synthesizer, capacity int) *Backend {
-	b := &Backend{Name: name, Group: "g", Synth: s, Capacity: capacity}
+	b := &Backend{Name: name, Synth: s, Capacity: capacity}
 	b.SetReady(true)
 	return b
 }

@@ -160,6 +160,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	}
 	ttfb := time.Since(start)
 	ctx.SetContentType(formats[job.format])
+	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
 	chars := utf8.RuneCountInString(job.req.Text)
 	ctx.SetBodyStream(&audioBody{st: st, next: &first, wav: job.format == "wav", cancel: cancel,
 		done: func(outcome string, samples int, err error) {
@@ -242,8 +243,9 @@ func (b *audioBody) Close() error {
 
 // stream carries one request's audio from an instance to the HTTP response.
 type stream struct {
-	chunks chan instance.Chunk
-	err    error // valid once chunks is closed
+	chunks  chan instance.Chunk
+	err     error  // valid once chunks is closed
+	backend string // the instance serving it, valid once a chunk arrived
 }
 
 // startStream runs req on the least-loaded ready backend. If that backend fails before any audio
@@ -254,16 +256,16 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 		defer close(st.chunks)
 		var failed *Backend
 		for attempt := 0; attempt < 2; attempt++ {
-			b, full := s.o.Pool.acquire(failed)
-			if b == nil {
-				if attempt > 0 && st.err != nil {
-					return // keep the first failure
-				}
-				st.err = errNoBackend{full: full}
+			b, err := s.o.Pool.Acquire(ctx, failed)
+			if err != nil {
+				if attempt == 0 {
+					st.err = err
+				} // else keep the first failure
 				return
 			}
 			sent := false
-			err := b.Synth.Synthesize(ctx, req, func(c instance.Chunk) error {
+			st.backend = b.Name
+			err = b.Synth.Synthesize(ctx, req, func(c instance.Chunk) error {
 				select {
 				case st.chunks <- c:
 					sent = true
@@ -272,7 +274,7 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 					return ctx.Err()
 				}
 			})
-			b.release()
+			s.o.Pool.Release(b)
 			st.err = err
 			if err == nil || sent || !retryable(err) || ctx.Err() != nil {
 				return
@@ -282,15 +284,6 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 		}
 	}()
 	return st
-}
-
-type errNoBackend struct{ full bool }
-
-func (e errNoBackend) Error() string {
-	if e.full {
-		return "every instance is at its max_inflight"
-	}
-	return "no instance is ready"
 }
 
 func retryable(err error) bool {
@@ -303,13 +296,12 @@ func retryable(err error) bool {
 
 // synthError maps a failure before any audio to an HTTP error.
 func synthError(err error) *apiError {
-	var nb errNoBackend
 	var ie *instance.Error
 	switch {
-	case errors.As(err, &nb) && nb.full:
-		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", nb.Error())
-	case errors.As(err, &nb):
-		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", nb.Error())
+	case errors.Is(err, errQueueFull):
+		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", err.Error())
+	case errors.Is(err, errNoneReady), errors.Is(err, errQueueTimeout):
+		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
 	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:

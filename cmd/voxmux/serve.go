@@ -45,7 +45,7 @@ func serveCmd() *cobra.Command {
 
 func serve(ctx context.Context, cfg *config.Config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	manifest, err := instance.Describe(cfg.ModelPath())
+	model, err := instance.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
 	}
@@ -63,7 +63,33 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	}
 	defer ln.Close()
 
-	pool := router.NewPool(router.Model{Name: manifest.Name, SampleRate: manifest.SampleRate, Voices: manifest.Voices})
+	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices},
+		router.QueueOptions{Size: cfg.Queue.Size, Timeout: cfg.Queue.Timeout.Std()})
+	supCtx, stopInstances := context.WithCancel(context.Background())
+	defer stopInstances()
+	var supervised sync.WaitGroup
+	var members []*plugin.Member
+	for _, g := range cfg.Groups {
+		group := &router.Group{Name: g.Name, GPUs: g.GPUs}
+		for i := 0; i < g.Instances; i++ {
+			m := plugin.NewMember(memberSpec(cfg, g, i, exe, ortLib), plugin.Backoff{
+				Initial:      cfg.Restart.BackoffInitial.Std(),
+				Max:          cfg.Restart.BackoffMax.Std(),
+				MaxFailures:  cfg.Restart.MaxFailures,
+				StartTimeout: cfg.Restart.StartTimeout.Std(),
+			}, plugin.ProcessLauncher, log)
+			members = append(members, m)
+			group.Backends = append(group.Backends, &router.Backend{Name: m.Name(), Synth: m, Member: m, Capacity: g.MaxInflight})
+			supervised.Add(1)
+			go func() { defer supervised.Done(); m.Run(supCtx) }()
+		}
+		pool.AddGroup(group)
+	}
+	stop := func() {
+		stopInstances()
+		supervised.Wait()
+	}
+
 	srv := router.New(router.Options{
 		Pool:           pool,
 		MaxInputChars:  cfg.MaxInputChars,
@@ -71,115 +97,141 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		ModelAliases:   []string{"tts-1", "tts-1-hd", "gpt-4o-mini-tts"},
 		Logger:         log,
 	})
-	serveErr := make(chan error, 1)
+	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "model", manifest.Name, "provider", cfg.Provider)
+	log.Info("listening", "addr", ln.Addr().String(), "model", model.Name, "provider", cfg.Provider, "groups", len(cfg.Groups))
 
-	procs, err := startInstances(ctx, log, cfg, exe, ortLib, pool)
-	defer func() {
-		for _, p := range procs {
-			p.Stop()
+	var admin *router.Admin
+	if cfg.Admin.Listen != "" {
+		token := cfg.Admin.Token
+		if cfg.Admin.TokenEnv != "" {
+			if token = os.Getenv(cfg.Admin.TokenEnv); token == "" {
+				stop()
+				return fmt.Errorf("config %s: admin.token_env: $%s is empty", cfg.File, cfg.Admin.TokenEnv)
+			}
 		}
-	}()
-	if err != nil {
+		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			stop()
+			return fmt.Errorf("config %s: admin.listen %s: %w", cfg.File, cfg.Admin.Listen, err)
+		}
+		admin = router.NewAdmin(router.AdminOptions{Pool: pool, Token: token, DrainTimeout: cfg.Shutdown.DrainTimeout.Std(), Logger: log})
+		go func() { serveErr <- admin.Serve(aln) }()
+		log.Info("admin API listening", "addr", aln.Addr().String())
+	}
+
+	if err := awaitFirstReady(ctx, members); err != nil {
+		stop()
 		return err
 	}
-	log.Info("ready", "instances", len(procs), "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"default","response_format":"wav"}' -o out.wav`, "http://"+ln.Addr().String(), manifest.Name))
+	log.Info("ready", "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
+		"http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
-	sig := make(chan os.Signal, 1)
+	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
 	case s := <-sig:
-		log.Info("shutting down", "signal", s.String())
+		log.Info("shutting down: /readyz now answers 503", "signal", s.String(), "grace", cfg.Shutdown.Grace.Std())
 	case err := <-serveErr:
+		stop()
 		return fmt.Errorf("http server: %w", err)
 	}
+	// Load balancers see /readyz fail first; new requests are still served during the grace period.
 	srv.SetDraining()
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown", "error", err)
+	select {
+	case <-time.After(cfg.Shutdown.Grace.Std()):
+	case <-sig:
+		log.Warn("second signal: stopping now")
+		stop()
+		return nil
 	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Shutdown.DrainTimeout.Std())
+	defer cancel()
+	go func() {
+		<-sig
+		log.Warn("second signal: stopping now")
+		cancel()
+	}()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("in-flight requests did not finish in time", "error", err)
+	}
+	if admin != nil {
+		admin.Shutdown(sctx)
+	}
+	stop()
+	log.Info("stopped")
 	return nil
 }
 
-// startInstances launches, loads and warms up every instance of every group. It fails when none
-// becomes ready; an instance that fails while others succeed is logged and left out.
-func startInstances(ctx context.Context, log *slog.Logger, cfg *config.Config, exe, ortLib string, pool *router.Pool) ([]*plugin.Process, error) {
-	type result struct {
-		p   *plugin.Process
-		err error
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var results []result
-	for _, g := range cfg.Groups {
-		for i := 0; i < g.Instances; i++ {
-			name := fmt.Sprintf("%s/%d", g.Name, i)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p, err := startInstance(ctx, log, cfg, g, name, exe, ortLib)
-				if err == nil {
-					b := &router.Backend{Name: name, Group: g.Name, Synth: p, Capacity: g.MaxInflight}
-					pool.Add(b)
-					b.SetReady(true)
-				} else {
-					log.Error("instance failed to start", "instance", name, "error", err)
-				}
-				mu.Lock()
-				results = append(results, result{p, err})
-				mu.Unlock()
-			}()
+// awaitFirstReady waits until an instance is ready. If instead every instance has failed its
+// first start (a broken model, a provider that cannot load), it returns their errors, so that a
+// misconfigured server exits at once rather than retrying forever.
+func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
+	for {
+		var errs []error
+		chs := make([]<-chan struct{}, len(members))
+		for i, m := range members {
+			chs[i] = m.Changed()
+			s := m.Status()
+			if s.State == instance.StateReady {
+				return nil
+			}
+			if s.Failures > 0 {
+				errs = append(errs, fmt.Errorf("instance %s: %s", s.Name, s.LastError))
+			}
+		}
+		if len(errs) == len(members) {
+			return fmt.Errorf("no instance could start: %w", errors.Join(errs...))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-anyOf(chs):
 		}
 	}
-	wg.Wait()
-	var procs []*plugin.Process
-	var errs []error
-	for _, r := range results {
-		if r.err != nil {
-			errs = append(errs, r.err)
-		} else {
-			procs = append(procs, r.p)
-		}
-	}
-	if len(procs) == 0 {
-		return nil, fmt.Errorf("no instance could start: %w", errors.Join(errs...))
-	}
-	return procs, nil
 }
 
-func startInstance(ctx context.Context, log *slog.Logger, cfg *config.Config, g config.Group, name, exe, ortLib string) (*plugin.Process, error) {
-	p, err := plugin.Launch(ctx, plugin.LaunchConfig{
-		Executable: exe,
-		Args:       []string{"instance"},
-		Name:       name,
-		GPUs:       g.GPUs,
-		HostEnv:    os.Environ(),
-		LogOutput:  os.Stderr,
-	})
-	if err != nil {
-		return nil, err
+func anyOf(chs []<-chan struct{}) <-chan struct{} {
+	out := make(chan struct{})
+	var once sync.Once
+	for _, c := range chs {
+		go func() {
+			<-c
+			once.Do(func() { close(out) })
+		}()
 	}
-	lctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	info, err := p.Load(lctx, instance.LoadConfig{
-		Manifest:    cfg.ModelPath(),
-		Provider:    cfg.Provider,
-		ORTLibrary:  ortLib,
-		MaxInflight: g.MaxInflight,
-	})
-	if err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("instance %s: %w", name, err)
+	return out
+}
+
+func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) plugin.MemberSpec {
+	name := fmt.Sprintf("%s/%d", g.Name, i)
+	opts := map[string]string{}
+	for k, v := range g.ProviderOptions {
+		opts[k] = v
 	}
-	// Warm up: the instance is ready only after a real synthesis succeeds.
-	if err := p.Synthesize(lctx, instance.Request{ID: "warmup", Text: "Warm up."}, func(instance.Chunk) error { return nil }); err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("instance %s: warm-up synthesis: %w", name, err)
+	if g.ArenaExtendStrategy != "" {
+		opts["arena_extend_strategy"] = g.ArenaExtendStrategy
 	}
-	log.Info("instance ready", "instance", name, "pid", info.PID, "provider", info.Provider, "cuda_visible_devices", info.CUDAVisibleDevices)
-	return p, nil
+	return plugin.MemberSpec{
+		Name: name,
+		Launch: plugin.LaunchConfig{
+			Executable: exe,
+			Args:       []string{"instance"},
+			Name:       name,
+			GPUs:       g.GPUs,
+			HostEnv:    os.Environ(),
+			LogOutput:  os.Stderr,
+		},
+		Load: instance.LoadConfig{
+			Manifest:        cfg.ModelPath(),
+			Provider:        cfg.Provider,
+			ORTLibrary:      ortLib,
+			ProviderOptions: opts,
+			MaxInflight:     g.MaxInflight,
+			Placement:       g.Placement,
+			GPUMemoryLimit:  g.GPUMemoryLimit,
+		},
+	}
 }
 
 // findORT locates libonnxruntime.so: the config's onnxruntime key, then $ORT_LIB, then the
