@@ -1,0 +1,180 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/voxmux/voxmux/router"
+)
+
+func ctlCmd() *cobra.Command {
+	var addr, token string
+	cmd := &cobra.Command{
+		Use:   "ctl",
+		Short: "Operate a running server through its admin API (groups, drain, restart)",
+	}
+	cmd.PersistentFlags().StringVar(&addr, "admin", "http://127.0.0.1:9090", "admin API address")
+	cmd.PersistentFlags().StringVar(&token, "token", "", "admin bearer token (default $VOXMUX_ADMIN_TOKEN)")
+	client := func() *adminClient {
+		if token == "" {
+			token = os.Getenv("VOXMUX_ADMIN_TOKEN")
+		}
+		if !strings.Contains(addr, "://") {
+			addr = "http://" + addr
+		}
+		return &adminClient{base: strings.TrimSuffix(addr, "/"), token: token}
+	}
+	groups := &cobra.Command{
+		Use:   "groups",
+		Short: "Show groups, their instances, GPUs and load",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var v router.GroupsView
+			if err := client().do(c.Context(), "GET", "/admin/groups", &v); err != nil {
+				return err
+			}
+			printGroups(c.OutOrStdout(), v)
+			return nil
+		},
+	}
+	var force bool
+	action := func(use, short, verb string) *cobra.Command {
+		return &cobra.Command{
+			Use:   use + " NAME",
+			Short: short,
+			Args:  cobra.ExactArgs(1),
+			RunE: func(c *cobra.Command, args []string) error {
+				path := "/admin/groups/" + args[0] + "/" + verb
+				if force {
+					path += "?force=true"
+				}
+				return client().withProgress(c.Context(), c.OutOrStdout(), path)
+			},
+		}
+	}
+	drain := action("drain", "Stop sending new requests to a group and wait for its in-flight ones", "drain")
+	resume := action("resume", "Send requests to a drained group again", "resume")
+	restart := &cobra.Command{
+		Use:   "restart [NAME]",
+		Short: "Restart one group (drain, stop, start, warm up), or all groups one at a time",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			path := "/admin/restart"
+			if len(args) == 1 {
+				path = "/admin/groups/" + args[0] + "/restart"
+				if force {
+					path += "?force=true"
+				}
+			}
+			return client().withProgress(c.Context(), c.OutOrStdout(), path)
+		},
+	}
+	restart.Flags().BoolVar(&force, "force", false, "restart the group even if it is the last ready one")
+	cmd.AddCommand(groups, drain, resume, restart)
+	return cmd
+}
+
+type adminClient struct {
+	base, token string
+}
+
+func (a *adminClient) do(ctx context.Context, method, path string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, a.base+path, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+a.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API %s: %w", a.base, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		var e struct {
+			Error any `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && e.Error != nil {
+			if m, ok := e.Error.(map[string]any); ok {
+				return fmt.Errorf("%s %s: %d: %v", method, path, resp.StatusCode, m["message"])
+			}
+			return fmt.Errorf("%s %s: %d: %v", method, path, resp.StatusCode, e.Error)
+		}
+		return fmt.Errorf("%s %s: %d: %s", method, path, resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	if out != nil {
+		return json.Unmarshal(body, out)
+	}
+	return nil
+}
+
+// withProgress runs a long admin call and prints group state changes while it runs.
+func (a *adminClient) withProgress(ctx context.Context, w io.Writer, path string) error {
+	done := make(chan error, 1)
+	go func() { done <- a.do(ctx, "POST", path, nil) }()
+	last := map[string]string{}
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	start := time.Now()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+			var v router.GroupsView
+			if err := a.do(ctx, "GET", "/admin/groups", &v); err == nil {
+				printGroups(w, v)
+			}
+			fmt.Fprintf(w, "done in %s\n", time.Since(start).Round(100*time.Millisecond))
+			return nil
+		case <-t.C:
+			var v router.GroupsView
+			if a.do(ctx, "GET", "/admin/groups", &v) != nil {
+				continue
+			}
+			for _, g := range v.Groups {
+				if last[g.Name] != g.State {
+					fmt.Fprintf(w, "%6.1fs  %-12s %s (in flight %d)\n", time.Since(start).Seconds(), g.Name, g.State, g.Inflight)
+					last[g.Name] = g.State
+				}
+			}
+		}
+	}
+}
+
+func printGroups(w io.Writer, v router.GroupsView) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tSTATE\tINSTANCE\tSTATE\tPID\tGPUS (as the instance saw them)\tIN FLIGHT\tRESTARTS\tUPTIME")
+	for _, g := range v.Groups {
+		for i, in := range g.Instances {
+			gname, gstate := g.Name, g.State
+			if g.Reason != "" {
+				gstate += " (" + g.Reason + ")"
+			}
+			if i > 0 {
+				gname, gstate = "", ""
+			}
+			var gpus []string
+			for _, gpu := range in.GPUs {
+				gpus = append(gpus, fmt.Sprintf("%d:%s", gpu.Index, gpu.UUID))
+			}
+			if len(gpus) == 0 {
+				gpus = []string{"-"}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%d/%d\t%d\t%s\n", gname, gstate, in.Name, in.State, in.PID,
+				strings.Join(gpus, ","), in.Inflight, in.Capacity, in.Restarts, (time.Duration(in.UptimeSeconds) * time.Second).String())
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "queue: %d waiting (bound %d)\n", v.QueueLength, v.QueueSize)
+}
