@@ -99,7 +99,7 @@ type stream struct {
 	prompt []int64
 
 	// Owned by the LM loop.
-	seq            *lmSeq
+	row            *lmRow
 	tokens         []int64
 	minTok, maxTok int
 	flowed         int // tokens already handed to the flow
@@ -175,8 +175,16 @@ type vocItem struct {
 
 func (e *Engine) lmLoop() {
 	defer e.wg.Done()
-	lm := e.p.lm
+	dec := e.p.lm
+	defer dec.release()
 	var active []*stream
+	fail := func(err error) {
+		for _, s := range active {
+			s.finish(err)
+		}
+		active = nil
+		dec.release()
+	}
 	for {
 		var fresh []*stream
 		if len(active) == 0 {
@@ -193,7 +201,8 @@ func (e *Engine) lmLoop() {
 			case s := <-e.arrivals:
 				fresh = append(fresh, s)
 			case <-e.done:
-				for _, s := range append(active, fresh...) {
+				fail(errors.New("engine is shut down"))
+				for _, s := range fresh {
 					s.finish(errors.New("engine is shut down"))
 				}
 				return
@@ -201,54 +210,62 @@ func (e *Engine) lmLoop() {
 				break drain
 			}
 		}
-		// Prefill the new streams first; they join the decode batch from the next step on, so
-		// every iteration still advances the older streams by one token.
-		var joined []*stream
-		if len(fresh) > 0 {
-			seqs := make([]*lmSeq, len(fresh))
-			prompts := make([][]int64, len(fresh))
-			for i, s := range fresh {
-				s.seq = lm.newSeq()
-				seqs[i], prompts[i] = s.seq, s.prompt
-			}
-			logits, err := lm.step(seqs, prompts)
-			for i, s := range fresh {
-				if err != nil {
-					s.finish(err)
-				} else if e.advance(s, logits[i]) {
-					joined = append(joined, s)
-				}
-			}
-		}
+		// One decode step for every active stream, in one run.
 		live := active[:0]
 		for _, s := range active {
 			if s.ctx.Err() != nil {
 				s.finish(s.ctx.Err())
+				dec.leave(s.row)
 				continue
 			}
 			live = append(live, s)
 		}
 		active = live
-		if len(active) == 0 {
-			active = joined
-			continue
-		}
-		seqs := make([]*lmSeq, len(active))
-		inputs := make([][]int64, len(active))
-		for i, s := range active {
-			seqs[i] = s.seq
-			inputs[i] = []int64{s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset}
-		}
-		logits, err := lm.step(seqs, inputs)
-		next := active[:0]
-		for i, s := range active {
+		if len(active) > 0 {
+			rows := make([]*lmRow, len(active))
+			tokens := make([]int64, len(active))
+			for i, s := range active {
+				rows[i] = s.row
+				tokens[i] = s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset
+			}
+			logits, err := dec.step(rows, tokens)
 			if err != nil {
-				s.finish(err)
-			} else if e.advance(s, logits[i]) {
-				next = append(next, s)
+				fail(err)
+			} else {
+				next := active[:0]
+				for i, s := range active {
+					if e.advance(s, logits[i]) {
+						next = append(next, s)
+					} else {
+						dec.leave(s.row)
+					}
+				}
+				active = next
 			}
 		}
-		active = append(next, joined...)
+		// New streams are prefilled together and join the batch for the next step, so arrivals
+		// never hold the running streams back by more than one prefill.
+		if len(fresh) > 0 {
+			prompts := make([][]int64, len(fresh))
+			for i, s := range fresh {
+				prompts[i] = s.prompt
+			}
+			rows, logits, err := dec.join(prompts)
+			for i, s := range fresh {
+				switch {
+				case err != nil:
+					s.finish(err)
+				case e.advance(s, logits[i]):
+					s.row = rows[i]
+					active = append(active, s)
+				default:
+					dec.leave(rows[i])
+				}
+			}
+		}
+		if err := dec.compact(); err != nil {
+			fail(err)
+		}
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+
+	"github.com/voxmux/voxmux/instance/iobind"
 )
 
 // Pipeline holds the loaded stages of a staged (LM → flow → vocoder) model.
@@ -11,7 +13,7 @@ type Pipeline struct {
 	m    *Manifest
 	rt   *runtime // the LM's
 	rt2  *runtime // the flow's and vocoder's (rt itself unless split)
-	lm   *lmStage
+	lm   *decoder
 	flow *flowStage
 	voc  *vocoderStage
 }
@@ -36,7 +38,10 @@ func loadPipeline(cfg LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
 			return nil, err
 		}
 	}
-	if p.lm, err = newLMStage(rt, m); err == nil {
+	if err = iobind.Init(cfg.ORTLibrary); err == nil {
+		p.lm, err = newDecoder(m, rt.placement())
+	}
+	if err == nil {
 		if p.flow, err = newFlowStage(p.rt2, m); err == nil {
 			p.voc, err = newVocoderStage(p.rt2, m)
 		}
@@ -55,7 +60,7 @@ func (p *Pipeline) Manifest() *Manifest { return p.m }
 func (p *Pipeline) Close() error {
 	var errs []error
 	if p.lm != nil {
-		errs = append(errs, p.lm.sess.Destroy())
+		p.lm.close()
 	}
 	if p.flow != nil {
 		errs = append(errs, p.flow.encoder.Destroy(), p.flow.estimator.Destroy())

@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"github.com/voxmux/voxmux/config"
+	"github.com/voxmux/voxmux/instance/iobind"
 
 	ort "github.com/yalue/onnxruntime_go"
 )
@@ -13,6 +14,10 @@ import (
 type runtime struct {
 	opts     *ort.SessionOptions
 	provider string
+	device   int
+	// cudaOpts are the CUDA provider options in force, for sessions made outside onnxruntime_go.
+	cudaOpts map[string]string
+	library  string
 }
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
@@ -48,6 +53,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			rest[k] = v
 		}
 	}
+	var cudaOpts map[string]string
 	switch cfg.Provider {
 	case "cpu", "":
 		if len(rest) > 0 {
@@ -78,6 +84,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			opts.Destroy()
 			return nil, fmt.Errorf("cuda provider cannot be loaded with options %v (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path? scripts/install-onnxruntime.sh --gpu installs it): %w", o, cfg.ORTLibrary, err)
 		}
+		cudaOpts = o
 		if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
 			opts.Destroy()
 			return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", cfg.ORTLibrary, err)
@@ -86,7 +93,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		opts.Destroy()
 		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
 	}
-	return &runtime{opts: opts, provider: cfg.Provider}, nil
+	return &runtime{opts: opts, provider: cfg.Provider, device: device, cudaOpts: cudaOpts, library: cfg.ORTLibrary}, nil
 }
 
 func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
@@ -95,6 +102,11 @@ func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAd
 		return nil, fmt.Errorf("load %s: %w", file, err)
 	}
 	return s, nil
+}
+
+// placement is where sessions made through iobind compute.
+func (r *runtime) placement() iobind.Placement {
+	return iobind.Placement{CUDA: r.provider == "cuda", Device: r.device, ProviderOptions: r.cudaOpts}
 }
 
 func (r *runtime) close() {

@@ -1,141 +1,14 @@
 package instance
 
 import (
-	"errors"
 	"fmt"
 
 	ort "github.com/yalue/onnxruntime_go"
 )
 
-// Every stage runs a batch of independent items in one ONNX Runtime call, padding to the longest
-// item and masking the padding, so requests can share a run (see docs/pipeline.md).
-
-// lmSeq is one sequence's decoder state: its key/value cache, per layer [kv_heads][pos][head_dim].
-type lmSeq struct {
-	past [][]float32 // key0, value0, key1, value1, ...
-	pos  int
-}
-
-type lmStage struct {
-	m    *Manifest
-	sess *ort.DynamicAdvancedSession
-}
-
-func newLMStage(rt *runtime, m *Manifest) (*lmStage, error) {
-	in := []string{m.Tensor("input_ids"), m.Tensor("position_ids"), m.Tensor("attention_mask")}
-	out := []string{m.Tensor("logits")}
-	for l := 0; l < m.LM.Layers; l++ {
-		in = append(in, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
-		out = append(out, m.Tensor(fmt.Sprintf("present_key.%d", l)), m.Tensor(fmt.Sprintf("present_value.%d", l)))
-	}
-	s, err := rt.session(m.Path(m.LM.File), in, out)
-	if err != nil {
-		return nil, fmt.Errorf("lm: %w", err)
-	}
-	return &lmStage{m: m, sess: s}, nil
-}
-
-func (s *lmStage) newSeq() *lmSeq {
-	return &lmSeq{past: make([][]float32, 2*s.m.LM.Layers)}
-}
-
-// step feeds tokens[b] to seqs[b] (a prompt at prefill, one token at decode) and returns each
-// sequence's logits for its last token. The sequences' caches grow by len(tokens[b]).
-func (s *lmStage) step(seqs []*lmSeq, tokens [][]int64) ([][]float32, error) {
-	B := len(seqs)
-	H, D := s.m.LM.KVHeads, s.m.LM.HeadDim
-	T, P := 0, 0
-	for b := range seqs {
-		T = max(T, len(tokens[b]))
-		P = max(P, seqs[b].pos)
-	}
-	ids := make([]int64, B*T)
-	posIDs := make([]int64, B*T)
-	mask := make([]int64, B*(P+T))
-	for b, sq := range seqs {
-		for t := 0; t < T; t++ {
-			posIDs[b*T+t] = int64(sq.pos + t)
-			if t < len(tokens[b]) {
-				ids[b*T+t] = tokens[b][t]
-				mask[b*(P+T)+P+t] = 1
-			}
-		}
-		for j := 0; j < sq.pos; j++ {
-			mask[b*(P+T)+j] = 1
-		}
-	}
-	var vals []ort.Value
-	defer func() { destroy(vals) }()
-	add := func(v ort.Value, err error) error {
-		if err != nil {
-			return err
-		}
-		vals = append(vals, v)
-		return nil
-	}
-	if err := errors.Join(
-		add(ort.NewTensor(ort.NewShape(int64(B), int64(T)), ids)),
-		add(ort.NewTensor(ort.NewShape(int64(B), int64(T)), posIDs)),
-		add(ort.NewTensor(ort.NewShape(int64(B), int64(P+T)), mask)),
-	); err != nil {
-		return nil, fmt.Errorf("lm inputs: %w", err)
-	}
-	for i := 0; i < 2*s.m.LM.Layers; i++ {
-		buf := make([]float32, B*H*P*D)
-		for b, sq := range seqs {
-			src := sq.past[i]
-			for h := 0; h < H; h++ {
-				copy(buf[((b*H+h)*P)*D:], src[h*sq.pos*D:(h+1)*sq.pos*D])
-			}
-		}
-		if err := add(ort.NewTensor(ort.NewShape(int64(B), int64(H), int64(P), int64(D)), buf)); err != nil {
-			return nil, fmt.Errorf("lm past: %w", err)
-		}
-	}
-	outs := make([]ort.Value, 1+2*s.m.LM.Layers)
-	err := s.sess.Run(vals, outs)
-	defer destroy(outs)
-	if err != nil {
-		return nil, fmt.Errorf("lm: %w", err)
-	}
-	logits, err := data(outs[0])
-	if err != nil {
-		return nil, fmt.Errorf("lm logits: %w", err)
-	}
-	V := s.m.LM.SpeechVocab + 1
-	if len(logits) != B*T*V {
-		return nil, fmt.Errorf("lm: logits have %d values, want B·T·(speech_vocab+1) = %d", len(logits), B*T*V)
-	}
-	last := make([][]float32, B)
-	for b := range seqs {
-		t := len(tokens[b]) - 1
-		last[b] = append([]float32(nil), logits[(b*T+t)*V:(b*T+t+1)*V]...)
-	}
-	for i := 0; i < 2*s.m.LM.Layers; i++ {
-		present, err := data(outs[1+i])
-		if err != nil {
-			return nil, fmt.Errorf("lm present: %w", err)
-		}
-		if len(present) != B*H*(P+T)*D {
-			return nil, fmt.Errorf("lm: present %d has %d values, want %d", i, len(present), B*H*(P+T)*D)
-		}
-		for b, sq := range seqs {
-			n := sq.pos + len(tokens[b])
-			next := make([]float32, H*n*D)
-			for h := 0; h < H; h++ {
-				row := present[((b*H+h)*(P+T))*D:]
-				dst := next[h*n*D:]
-				copy(dst[:sq.pos*D], row[:sq.pos*D])
-				copy(dst[sq.pos*D:n*D], row[P*D:(P+len(tokens[b]))*D])
-			}
-			sq.past[i] = next
-		}
-	}
-	for b, sq := range seqs {
-		sq.pos += len(tokens[b])
-	}
-	return last, nil
-}
+// The flow and vocoder stages run a batch of independent items in one ONNX Runtime call, padding
+// to the longest item and masking the padding, so requests can share a run (see docs/pipeline.md).
+// The LM is in decoder.go.
 
 // flowJob turns speech tokens into mel frames; noise is the starting sample, channel-major
 // [mel_bins][len(tokens)·frames_per_token].

@@ -1,0 +1,322 @@
+// Package iobind runs ONNX Runtime sessions whose tensors stay where the session computes (on
+// a CUDA device, or in host memory for the CPU provider), through I/O binding. onnxruntime_go
+// creates tensors in CPU memory only and cannot bind an output to a device, so this small cgo
+// layer over ONNX Runtime's C API keeps the LM's key/value cache on the GPU between steps.
+//
+// The same code runs with the CPU provider, which is how it is tested without a GPU.
+package iobind
+
+/*
+#cgo CFLAGS: -O2
+#cgo LDFLAGS: -ldl
+#include "iobind.h"
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// Elem is a tensor element type (ONNX's numbering).
+type Elem int
+
+// Element types used by the pipeline.
+const (
+	Float32 Elem = 1
+	Int64   Elem = 7
+	Float16 Elem = 10
+)
+
+// Size is the element's size in bytes.
+func (e Elem) Size() int {
+	switch e {
+	case Float16:
+		return 2
+	case Float32:
+		return 4
+	case Int64:
+		return 8
+	}
+	return 0
+}
+
+var initMu sync.Mutex
+
+func cerr(e *C.char) error {
+	if e == nil {
+		return nil
+	}
+	defer C.free(unsafe.Pointer(e))
+	return errors.New(C.GoString(e))
+}
+
+// Init binds the ONNX Runtime library at path (normally already loaded by onnxruntime_go, whose
+// environment this shares).
+func Init(path string) error {
+	initMu.Lock()
+	defer initMu.Unlock()
+	p := C.CString(path)
+	defer C.free(unsafe.Pointer(p))
+	if err := cerr(C.vx_init(p)); err != nil {
+		return fmt.Errorf("iobind: %w", err)
+	}
+	return nil
+}
+
+// Placement says where a session computes.
+type Placement struct {
+	CUDA            bool
+	Device          int
+	ProviderOptions map[string]string // CUDA provider options (device_id is set from Device)
+}
+
+// Session is one model with its I/O binding. Not safe for concurrent use.
+type Session struct {
+	s     *C.OrtSession
+	mem   *C.OrtMemoryInfo
+	alloc *C.OrtAllocator
+	b     *C.OrtIoBinding
+	place Placement
+}
+
+// Open loads a model.
+func Open(model string, p Placement) (*Session, error) {
+	opts := map[string]string{}
+	for k, v := range p.ProviderOptions {
+		opts[k] = v
+	}
+	opts["device_id"] = fmt.Sprint(p.Device)
+	var keys, vals []*C.char
+	for k, v := range opts {
+		keys = append(keys, C.CString(k))
+		vals = append(vals, C.CString(v))
+	}
+	defer func() {
+		for i := range keys {
+			C.free(unsafe.Pointer(keys[i]))
+			C.free(unsafe.Pointer(vals[i]))
+		}
+	}()
+	// The option arrays must not be Go memory holding C pointers when passed: copy to C.
+	ck := (**C.char)(C.malloc(C.size_t(len(keys)+1) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+	cv := (**C.char)(C.malloc(C.size_t(len(keys)+1) * C.size_t(unsafe.Sizeof(uintptr(0)))))
+	defer C.free(unsafe.Pointer(ck))
+	defer C.free(unsafe.Pointer(cv))
+	ks := unsafe.Slice(ck, len(keys)+1)
+	vs := unsafe.Slice(cv, len(keys)+1)
+	copy(ks, keys)
+	copy(vs, vals)
+	cm := C.CString(model)
+	defer C.free(unsafe.Pointer(cm))
+	s := &Session{place: p}
+	cuda := C.int(0)
+	if p.CUDA {
+		cuda = 1
+	}
+	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
+	if err != nil {
+		C.vx_session_free(s.s, s.mem, s.alloc, s.b)
+		return nil, fmt.Errorf("%s: %w", model, err)
+	}
+	return s, nil
+}
+
+// Close releases the session.
+func (s *Session) Close() {
+	C.vx_session_free(s.s, s.mem, s.alloc, s.b)
+	s.s, s.mem, s.alloc, s.b = nil, nil, nil, nil
+}
+
+// Tensor is an ONNX Runtime value, on the session's device or in host memory.
+type Tensor struct {
+	v     *C.OrtValue
+	data  unsafe.Pointer
+	Shape []int64
+	Elem  Elem
+	// Device is set for tensors in the device memory of a CUDA session.
+	Device bool
+	place  Placement
+}
+
+// Bytes is the tensor's size in bytes.
+func (t *Tensor) Bytes() int64 {
+	n := int64(t.Elem.Size())
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+// Release frees the tensor.
+func (t *Tensor) Release() {
+	if t != nil && t.v != nil {
+		C.vx_release(t.v)
+		t.v = nil
+	}
+}
+
+func shapePtr(shape []int64) (*C.int64_t, func()) {
+	n := max(len(shape), 1)
+	p := (*C.int64_t)(C.malloc(C.size_t(n * 8)))
+	copy(unsafe.Slice((*int64)(unsafe.Pointer(p)), n), shape)
+	return p, func() { C.free(unsafe.Pointer(p)) }
+}
+
+// Alloc makes a zeroed tensor in the session's memory (the GPU for a CUDA session).
+func (s *Session) Alloc(shape []int64, e Elem) (*Tensor, error) {
+	sp, free := shapePtr(shape)
+	defer free()
+	t := &Tensor{Shape: append([]int64(nil), shape...), Elem: e, Device: s.place.CUDA, place: s.place}
+	if err := cerr(C.vx_tensor(s.alloc, sp, C.size_t(len(shape)), C.int(e), &t.v, &t.data)); err != nil {
+		return nil, fmt.Errorf("alloc %v: %w", shape, err)
+	}
+	if err := Zero(t); err != nil {
+		t.Release()
+		return nil, err
+	}
+	return t, nil
+}
+
+// Host makes a tensor in host memory holding a copy of data ([]int64 or []float32).
+func Host(shape []int64, data any) (*Tensor, error) {
+	var e Elem
+	var src unsafe.Pointer
+	var n int
+	switch d := data.(type) {
+	case []int64:
+		e, n = Int64, len(d)
+		if n > 0 {
+			src = unsafe.Pointer(&d[0])
+		}
+	case []float32:
+		e, n = Float32, len(d)
+		if n > 0 {
+			src = unsafe.Pointer(&d[0])
+		}
+	default:
+		return nil, fmt.Errorf("host tensor of %T", data)
+	}
+	sp, free := shapePtr(shape)
+	defer free()
+	t := &Tensor{Shape: append([]int64(nil), shape...), Elem: e}
+	if t.Bytes() != int64(n*e.Size()) {
+		return nil, fmt.Errorf("host tensor %v needs %d values, got %d", shape, t.Bytes()/int64(e.Size()), n)
+	}
+	if err := cerr(C.vx_host_tensor(sp, C.size_t(len(shape)), C.int(e), &t.v, &t.data)); err != nil {
+		return nil, fmt.Errorf("host tensor %v: %w", shape, err)
+	}
+	if n > 0 {
+		C.memcpy(t.data, src, C.size_t(t.Bytes()))
+	}
+	runtime.KeepAlive(data)
+	return t, nil
+}
+
+// Float32s copies a host float32 tensor out.
+func (t *Tensor) Float32s() ([]float32, error) {
+	if t.Device || t.Elem != Float32 {
+		return nil, fmt.Errorf("tensor %v (elem %d, device %v) is not a host float32 tensor", t.Shape, t.Elem, t.Device)
+	}
+	out := make([]float32, t.Bytes()/4)
+	if len(out) > 0 {
+		copy(out, unsafe.Slice((*float32)(t.data), len(out)))
+	}
+	return out, nil
+}
+
+// Output asks Run for an output, on the session's device or in host memory.
+type Output struct {
+	Name string
+	Host bool
+}
+
+// Run binds inputs (by name) and outputs, runs, and returns the outputs in order. Input tensors
+// stay owned by the caller; outputs are new tensors the caller releases.
+func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, error) {
+	defer C.vx_clear(s.b)
+	for name, t := range inputs {
+		cn := C.CString(name)
+		err := cerr(C.vx_bind_input(s.b, cn, t.v))
+		C.free(unsafe.Pointer(cn))
+		if err != nil {
+			return nil, fmt.Errorf("bind input %w", err)
+		}
+	}
+	for _, o := range outputs {
+		cn := C.CString(o.Name)
+		var err error
+		if o.Host {
+			err = cerr(C.vx_bind_output_host(s.b, cn))
+		} else {
+			err = cerr(C.vx_bind_output_to(s.b, cn, s.mem))
+		}
+		C.free(unsafe.Pointer(cn))
+		if err != nil {
+			return nil, fmt.Errorf("bind output %w", err)
+		}
+	}
+	var vals **C.OrtValue
+	var n C.size_t
+	if err := cerr(C.vx_run(s.s, s.b, &vals, &n)); err != nil {
+		return nil, err
+	}
+	defer C.free(unsafe.Pointer(vals))
+	vs := unsafe.Slice(vals, int(n))
+	out := make([]*Tensor, len(vs))
+	for i, v := range vs {
+		t := &Tensor{v: v, place: s.place}
+		var shape [8]C.int64_t
+		rank := C.size_t(len(shape))
+		var elem C.int
+		if err := cerr(C.vx_info(v, &t.data, &shape[0], &rank, &elem)); err != nil {
+			for _, o := range vs {
+				C.vx_release(o)
+			}
+			return nil, fmt.Errorf("output %d: %w", i, err)
+		}
+		for _, d := range shape[:rank] {
+			t.Shape = append(t.Shape, int64(d))
+		}
+		t.Elem = Elem(elem)
+		t.Device = s.place.CUDA && !outputs[i].Host
+		out[i] = t
+	}
+	if len(out) != len(outputs) {
+		for _, t := range out {
+			t.Release()
+		}
+		return nil, fmt.Errorf("run returned %d outputs, want %d", len(out), len(outputs))
+	}
+	return out, nil
+}
+
+// Copy2D copies height rows of width bytes from src (starting at byte srcOff, rows srcPitch
+// apart) to dst (dstOff, dstPitch). Both tensors are in the same memory.
+func Copy2D(dst *Tensor, dstOff, dstPitch int64, src *Tensor, srcOff, srcPitch, width, height int64) error {
+	if dst.Device != src.Device {
+		return errors.New("copy between device and host memory is not supported here")
+	}
+	if dstOff+dstPitch*(height-1)+width > dst.Bytes() || srcOff+srcPitch*(height-1)+width > src.Bytes() {
+		return fmt.Errorf("copy out of bounds (dst %d bytes, src %d bytes)", dst.Bytes(), src.Bytes())
+	}
+	cuda := C.int(0)
+	if dst.Device {
+		cuda = 1
+	}
+	return cerr(C.vx_copy2d(cuda, C.int(dst.place.Device), unsafe.Add(dst.data, dstOff), C.size_t(dstPitch),
+		unsafe.Add(src.data, srcOff), C.size_t(srcPitch), C.size_t(width), C.size_t(height)))
+}
+
+// Zero clears a tensor.
+func Zero(t *Tensor) error {
+	cuda := C.int(0)
+	if t.Device {
+		cuda = 1
+	}
+	return cerr(C.vx_zero(cuda, C.int(t.place.Device), t.data, C.size_t(t.Bytes())))
+}

@@ -1,0 +1,27 @@
+// A small layer over ONNX Runtime's C API for sessions whose tensors stay on a device (CUDA or
+// the CPU): onnxruntime_go creates tensors in CPU memory only and cannot bind outputs to a device.
+#ifndef VOXMUX_IOBIND_H
+#define VOXMUX_IOBIND_H
+#include <stddef.h>
+#include <stdint.h>
+#include "onnxruntime_c_api.h"
+
+// Every function returns NULL on success or an error message the caller must free().
+char* vx_init(const char* ort_path);
+char* vx_session(const char* model, int cuda, int device, const char** keys, const char** values, int n_opts,
+                 OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding);
+void vx_session_free(OrtSession* s, OrtMemoryInfo* mem, OrtAllocator* alloc, OrtIoBinding* b);
+char* vx_tensor(OrtAllocator* alloc, const int64_t* shape, size_t rank, int elem, OrtValue** out, void** data);
+char* vx_host_tensor(const int64_t* shape, size_t rank, int elem, OrtValue** out, void** data);
+void vx_release(OrtValue* v);
+char* vx_bind_input(OrtIoBinding* b, const char* name, OrtValue* v);
+char* vx_bind_output_to(OrtIoBinding* b, const char* name, OrtMemoryInfo* mem);
+char* vx_bind_output_host(OrtIoBinding* b, const char* name);
+char* vx_run(OrtSession* s, OrtIoBinding* b, OrtValue*** outs, size_t* n);
+void vx_clear(OrtIoBinding* b);
+char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem);
+// Copies rows of width bytes: dst[dpitch*i] <- src[spitch*i] for i < height; on the CUDA device
+// when cuda is set (then synchronised), in host memory otherwise.
+char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+char* vx_zero(int cuda, int device, void* dst, size_t bytes);
+#endif
