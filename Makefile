@@ -24,16 +24,9 @@ test: deps ort
 build:
 	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/voxmux
 
-# Debian packages the build and the tests need (npm fetches ONNX Runtime from the npm registry).
+# Debian packages the build and the tests need (scripts/debian-packages.txt).
 deps:
-	@missing=""; \
-	command -v npm >/dev/null || missing="$$missing npm"; \
-	command -v gcc >/dev/null || missing="$$missing gcc"; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; \
-	fi
+	scripts/install-deps.sh
 
 ort:
 	scripts/install-onnxruntime.sh $(ORT_DIR)
