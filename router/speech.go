@@ -20,14 +20,8 @@ import (
 	"github.com/voxmux/voxmux/instance/audio"
 )
 
-// Formats the router can produce, with their content types.
-var formats = map[string]string{
-	"wav": "audio/wav",
-	"pcm": "audio/pcm",
-}
-
-// DefaultFormat is used when a request names no response_format.
-const DefaultFormat = "wav"
+// DefaultFormat is used when a request names no response_format, as at OpenAI.
+const DefaultFormat = "mp3"
 
 // openAIVoices are OpenAI's voice names; clients written for OpenAI send them, and they map to
 // the model's first voice.
@@ -47,6 +41,8 @@ type speechRequest struct {
 type speechJob struct {
 	req    instance.Request
 	format string
+	speed  float64 // applied to the audio by the router
+	sse    bool
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
@@ -90,11 +86,11 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if format == "" {
 		format = DefaultFormat
 	}
-	if _, ok := formats[format]; !ok {
-		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(sortedKeys(formats), ", ")))
+	if audio.ContentType(format) == "" {
+		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(audio.Formats(), ", ")))
 	}
-	if r.StreamFormat != "" && r.StreamFormat != "audio" {
-		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio", r.StreamFormat))
+	if r.StreamFormat != "" && r.StreamFormat != "audio" && r.StreamFormat != "sse" {
+		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", r.StreamFormat))
 	}
 	speed := 1.0
 	if r.Speed != nil {
@@ -103,7 +99,13 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	return &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: float32(speed)}, format: format}, nil
+	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	if m.NativeSpeed {
+		// The model speaks faster or slower itself (Piper's length_scale).
+		job.req.Speed, job.speed = float32(speed), 1
+	}
+	// Otherwise the router time-stretches the audio (pitch kept) and instances get 1.
+	return job, nil
 }
 
 // pickVoice reads "voice" as a string or {"id": ...}.
@@ -159,20 +161,43 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		return
 	}
 	ttfb := time.Since(start)
-	ctx.SetContentType(formats[job.format])
 	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
-	chars := utf8.RuneCountInString(job.req.Text)
-	ctx.SetBodyStream(&audioBody{st: st, next: &first, wav: job.format == "wav", cancel: cancel,
-		done: func(outcome string, samples int, err error) {
-			secs := float64(samples) / float64(first.SampleRate)
-			attrs := []any{"status", 200, "format", job.format, "chars", chars, "audio_seconds", secs,
-				"ttfb_ms", ttfb.Milliseconds(), "total_ms", time.Since(start).Milliseconds(), "outcome", outcome}
-			if err != nil {
-				log.Warn("speech", append(attrs, "error", err)...)
-				return
+	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel}
+	var w io.Writer = &body.pending
+	if job.sse {
+		w = audio.SSEWriter{W: &body.pending}
+	}
+	enc, err := audio.NewEncoder(job.format, first.SampleRate, job.speed, w)
+	if err != nil {
+		cancel()
+		go func() {
+			for range st.chunks {
 			}
-			log.Info("speech", attrs...)
-		}}, -1)
+		}()
+		log.Error("speech", "status", 500, "error", err)
+		writeError(ctx, newError(fasthttp.StatusInternalServerError, "server_error", "encoder_error", "cannot encode "+job.format))
+		return
+	}
+	body.enc = enc
+	if job.sse {
+		ctx.SetContentType("text/event-stream")
+	} else {
+		ctx.SetContentType(audio.ContentType(job.format))
+	}
+	chars := utf8.RuneCountInString(job.req.Text)
+	body.done = func(outcome string, samples int, err error) {
+		secs := float64(samples) / float64(first.SampleRate)
+		attrs := []any{"status", 200, "format", job.format, "chars", chars, "audio_seconds", secs,
+			"ttfb_ms", ttfb.Milliseconds(), "total_ms", time.Since(start).Milliseconds(), "outcome", outcome}
+		if err != nil {
+			log.Warn("speech", append(attrs, "error", err)...)
+			return
+		}
+		log.Info("speech", attrs...)
+	}
+	// Headers leave now, even when the first chunk is shorter than a codec frame.
+	ctx.Response.ImmediateHeaderFlush = true
+	ctx.SetBodyStream(body, -1)
 }
 
 // errCut ends a response body that failed after audio had left: fasthttp then closes the
@@ -184,8 +209,10 @@ var errCut = errors.New("synthesis failed mid-stream")
 type audioBody struct {
 	st      *stream
 	next    *instance.Chunk
-	wav     bool
-	pending []byte
+	enc     audio.Encoder // writes into pending
+	sse     bool
+	failed  error // an encoding failure; st.err belongs to the producer until chunks closes
+	pending bytes.Buffer
 	samples int
 	ended   error // io.EOF or errCut once the stream is over
 	cancel  context.CancelFunc
@@ -193,7 +220,7 @@ type audioBody struct {
 }
 
 func (b *audioBody) Read(p []byte) (int, error) {
-	for len(b.pending) == 0 {
+	for b.pending.Len() == 0 {
 		if b.ended != nil {
 			return 0, b.ended
 		}
@@ -208,29 +235,43 @@ func (b *audioBody) Read(p []byte) (int, error) {
 			b.ended = io.EOF
 			if b.st.err != nil {
 				b.ended = errCut
+				continue
+			}
+			// The tail of the audio and the container's trailer.
+			if err := b.enc.Close(); err != nil {
+				b.failed, b.ended = err, errCut
+				continue
+			}
+			if b.sse {
+				b.pending.Write(audio.SSEDone(audio.Usage{}))
 			}
 			continue
 		}
-		if b.wav {
-			b.pending, b.wav = audio.WAVHeader(c.SampleRate, audio.StreamingSize), false
+		if err := b.enc.Write(c.PCM); err != nil {
+			b.failed, b.ended = err, errCut
+			continue
 		}
-		b.pending = audio.PCM16(b.pending, c.PCM)
 		b.samples += len(c.PCM)
 	}
-	n := copy(p, b.pending)
-	b.pending = b.pending[n:]
-	return n, nil
+	return b.pending.Read(p)
 }
 
 // Close is called by fasthttp when the body is done, written or not; it stops the synthesis if the
 // client went away.
 func (b *audioBody) Close() error {
 	b.cancel()
+	if b.ended != io.EOF {
+		b.enc.Abort() // frees it; a no-op after Close
+	}
 	switch b.ended {
 	case io.EOF:
 		b.done("ok", b.samples, nil)
 	case errCut:
-		b.done("failed_mid_stream", b.samples, b.st.err)
+		err := b.failed
+		if err == nil {
+			err = b.st.err
+		}
+		b.done("failed_mid_stream", b.samples, err)
 	default:
 		b.done("client_gone", b.samples, errors.New("client stopped reading"))
 		go func() {
