@@ -84,7 +84,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
-	log.Info("ready", "instances", len(procs), "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"default","response_format":"wav"}' -o out.wav`, "http://"+ln.Addr().String(), manifest.Name))
+	log.Info("ready", "instances", len(procs), "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`, "http://"+ln.Addr().String(), manifest.Name, manifest.Voices[0]))
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
