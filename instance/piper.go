@@ -46,6 +46,15 @@ func openPiper(cfg LoadConfig) (*PiperRunner, Description, error) {
 			return nil, Description{}, fmt.Errorf("piper voice config %s: espeak.voice: %w", f.ConfigPath, err)
 		}
 	}
+	if cfg.Provider == "cuda" {
+		// Every sentence has its own length, so cuDNN's default exhaustive search would run again
+		// for almost every request; Piper itself picks HEURISTIC for the same reason.
+		opts := map[string]string{"cudnn_conv_algo_search": "HEURISTIC"}
+		for k, v := range cfg.ProviderOptions {
+			opts[k] = v
+		}
+		cfg.ProviderOptions = opts
+	}
 	rt, err := newRuntime(cfg)
 	if err != nil {
 		return nil, Description{}, err
