@@ -112,6 +112,37 @@ func TestPiperPhonemeIDs(t *testing.T) {
 	}
 }
 
+// Piper's own expectations (OHF-Voice/piper1-gpl tests/test_piper.py, test_phonemize_synthesize
+// and test_phonemize_with_vowel_clusters) hold here with Debian's espeak-ng.
+func TestPiperMatchesPipersTestVectors(t *testing.T) {
+	ph := testPhonemizer(t)
+	f := tinyPiperFile(t, tinyPiperEN)
+	sents, err := f.sentences(ph, "Test 1. Test 2.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]int64{
+		{1, 0, 32, 0, 120, 0, 61, 0, 31, 0, 32, 0, 3, 0, 35, 0, 120, 0, 102, 0, 26, 0, 10, 0, 2},
+		{1, 0, 32, 0, 120, 0, 61, 0, 31, 0, 32, 0, 3, 0, 32, 0, 120, 0, 33, 0, 122, 0, 10, 0, 2},
+	}
+	if len(sents) != 2 || !slices.Equal(sents[0].IDs, want[0]) || !slices.Equal(sents[1].IDs, want[1]) {
+		t.Fatalf("Test 1. Test 2.: %+v, want %v", sents, want)
+	}
+	// piper1-gpl's default map adds diphthongs 161..165 for voices trained with vowel_clusters.
+	for i, d := range []string{"aɪ", "aʊ", "ɔɪ", "eɪ", "oʊ"} {
+		f.Config.PhonemeIDMap[d] = []int64{int64(161 + i)}
+	}
+	f.Config.VowelClusters = [][]string{{"a", "ɪ"}, {"a", "ʊ"}, {"ɔ", "ɪ"}, {"e", "ɪ"}, {"o", "ʊ"}}
+	sents, err = f.sentences(ph, "my cow toy day no")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs := []int64{1, 0, 25, 0, 161, 0, 3, 0, 23, 0, 120, 0, 162, 0, 3, 0, 32, 0, 120, 0, 163, 0, 3, 0, 17, 0, 120, 0, 164, 0, 3, 0, 26, 0, 120, 0, 165, 0, 2}
+	if len(sents) != 1 || !slices.Equal(sents[0].IDs, wantIDs) {
+		t.Fatalf("my cow toy day no: %+v, want %v", sents, wantIDs)
+	}
+}
+
 func TestPiperPhonemeMapAndClusters(t *testing.T) {
 	f := tinyPiperFile(t, tinyPiperEN)
 	f.Config.PhonemeMap = map[string][]string{"c": {"k"}}
