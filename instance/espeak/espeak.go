@@ -1,41 +1,70 @@
-// Package espeak phonemizes text with libespeak-ng (Debian's libespeak-ng-dev), in process: text
-// goes in, IPA phonemes come out clause by clause, each with the punctuation that ended it.
+// Package espeak phonemizes text with libespeak-ng in process: text goes in, IPA phonemes come out
+// clause by clause, each with the punctuation that ended it. It builds against Debian's
+// libespeak-ng-dev headers and opens libespeak-ng.so.1 when first used.
 package espeak
 
 /*
-#cgo LDFLAGS: -lespeak-ng
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <espeak-ng/espeak_ng.h>
 #include <espeak-ng/speak_lib.h>
 
+// libespeak-ng is opened at run time (dlopen), so a voxmux binary that serves no Piper voice does
+// not need it, nor the audio libraries it links, installed.
+static void (*p_InitializePath)(const char *);
+static espeak_ng_STATUS (*p_Initialize)(espeak_ng_ERROR_CONTEXT *);
+static espeak_ng_STATUS (*p_InitializeOutput)(espeak_ng_OUTPUT_MODE, int, const char *);
+static void (*p_GetStatusCodeMessage)(espeak_ng_STATUS, char *, size_t);
+static void (*p_ClearErrorContext)(espeak_ng_ERROR_CONTEXT *);
+static espeak_ng_STATUS (*p_SetVoiceByName)(const char *);
+static const char *(*p_TextToPhonemes)(const void **, int, int);
+
+#define VOXMUX_SYM(var, name) \
+	*(void **)(&var) = dlsym(h, name); \
+	if (var == NULL) return "libespeak-ng has no " name;
+
+static const char *voxmux_espeak_load(const char *file) {
+	void *h = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+	if (h == NULL) return dlerror();
+	VOXMUX_SYM(p_InitializePath, "espeak_ng_InitializePath")
+	VOXMUX_SYM(p_Initialize, "espeak_ng_Initialize")
+	VOXMUX_SYM(p_InitializeOutput, "espeak_ng_InitializeOutput")
+	VOXMUX_SYM(p_GetStatusCodeMessage, "espeak_ng_GetStatusCodeMessage")
+	VOXMUX_SYM(p_ClearErrorContext, "espeak_ng_ClearErrorContext")
+	VOXMUX_SYM(p_SetVoiceByName, "espeak_ng_SetVoiceByName")
+	VOXMUX_SYM(p_TextToPhonemes, "espeak_TextToPhonemes")
+	return NULL;
+}
+
 static espeak_ng_STATUS voxmux_espeak_init(const char *path, char *msg, size_t len) {
-	espeak_ng_InitializePath(path);
+	p_InitializePath(path);
 	espeak_ng_ERROR_CONTEXT ctx = NULL;
-	espeak_ng_STATUS st = espeak_ng_Initialize(&ctx);
+	espeak_ng_STATUS st = p_Initialize(&ctx);
 	if (st != ENS_OK) {
-		espeak_ng_GetStatusCodeMessage(st, msg, len);
-		espeak_ng_ClearErrorContext(&ctx);
+		p_GetStatusCodeMessage(st, msg, len);
+		p_ClearErrorContext(&ctx);
 		return st;
 	}
 	// Synchronous output with no device: nothing is played, and TextToPhonemes needs no more.
-	st = espeak_ng_InitializeOutput(ENOUTPUT_MODE_SYNCHRONOUS, 0, NULL);
+	st = p_InitializeOutput(ENOUTPUT_MODE_SYNCHRONOUS, 0, NULL);
 	if (st != ENS_OK) {
-		espeak_ng_GetStatusCodeMessage(st, msg, len);
+		p_GetStatusCodeMessage(st, msg, len);
 	}
 	return st;
 }
 
 static espeak_ng_STATUS voxmux_espeak_voice(const char *name, char *msg, size_t len) {
-	espeak_ng_STATUS st = espeak_ng_SetVoiceByName(name);
+	espeak_ng_STATUS st = p_SetVoiceByName(name);
 	if (st != ENS_OK) {
-		espeak_ng_GetStatusCodeMessage(st, msg, len);
+		p_GetStatusCodeMessage(st, msg, len);
 	}
 	return st;
 }
 
 // One clause: espeak-ng advances *text past what it read, or sets it to NULL at the end.
 static const char *voxmux_espeak_clause(const char **text) {
-	return espeak_TextToPhonemes((const void **)text, espeakCHARS_UTF8, espeakPHONEMES_IPA);
+	return p_TextToPhonemes((const void **)text, espeakCHARS_UTF8, espeakPHONEMES_IPA);
 }
 */
 import "C"
@@ -76,6 +105,9 @@ type Clause struct {
 	// SentenceEnd is true when the clause ends a sentence (., ?, !, a blank line, the end of text).
 	SentenceEnd bool
 }
+
+// Library is the shared library Open loads: Debian's libespeak-ng1 (1.51).
+const Library = "libespeak-ng.so.1"
 
 // DataDirs are where distributions put espeak-ng-data, in the order they are tried.
 var DataDirs = []string{
@@ -123,6 +155,11 @@ func Open(dataDir string) (*Phonemizer, error) {
 	}
 	if err := checkData(dataDir); err != nil {
 		return nil, err
+	}
+	clib := C.CString(Library)
+	defer C.free(unsafe.Pointer(clib))
+	if msg := C.voxmux_espeak_load(clib); msg != nil {
+		return nil, fmt.Errorf("espeak-ng: cannot load %s (apt-get install libespeak-ng1): %s", Library, C.GoString(msg))
 	}
 	cpath := C.CString(dataDir)
 	defer C.free(unsafe.Pointer(cpath))
