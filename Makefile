@@ -8,7 +8,7 @@ ORT_DIR := third_party/onnxruntime
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 
-.PHONY: run test build deps ort ort-gpu proto tiny-model vet clean
+.PHONY: run test build deps ort ort-gpu proto tiny-model tiny-piper vet clean
 
 run: deps ort build
 	@echo
@@ -44,6 +44,10 @@ proto:
 # Rebuilds models/tiny (needs Debian's python3-onnx and python3-numpy).
 tiny-model:
 	/usr/bin/python3 scripts/gen_tiny_model.py models/tiny
+
+# Rebuilds models/tiny-piper, the tiny Piper-format voices the tests use (same Debian packages).
+tiny-piper:
+	/usr/bin/python3 scripts/gen_tiny_piper.py models/tiny-piper
 
 vet:
 	$(GO) vet ./...

@@ -77,6 +77,12 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.speech(ctx)
+	case path == "/v1/audio/voices":
+		if !ctx.IsGet() {
+			s.methodNotAllowed(ctx, "GET")
+			return
+		}
+		s.voices(ctx)
 	case path == "/healthz":
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")
@@ -98,9 +104,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 }
 
 func (s *Server) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
-	ctx.Response.Header.Set("Allow", allow)
 	writeError(ctx, newError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
 		"use "+allow+" for "+string(ctx.Path())))
+	ctx.Response.Header.Set("Allow", allow) // after writeError, which resets the headers
 }
 
 // readError answers requests fasthttp could not read, in OpenAI's shape.

@@ -63,7 +63,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	}
 	defer ln.Close()
 
-	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices},
+	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed},
 		router.QueueOptions{Size: cfg.Queue.Size, Timeout: cfg.Queue.Timeout.Std()})
 	supCtx, stopInstances := context.WithCancel(context.Background())
 	defer stopInstances()
