@@ -1,3 +1,5 @@
+//go:build !noffmpeg
+
 #include "ffmpeg.h"
 
 #include <stdio.h>

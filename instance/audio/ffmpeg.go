@@ -1,3 +1,5 @@
+//go:build !noffmpeg
+
 package audio
 
 // #cgo pkg-config: libavcodec libavformat libavfilter libswresample libavutil
