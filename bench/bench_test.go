@@ -332,6 +332,29 @@ func TestGPUFromServerMetrics(t *testing.T) {
 	}
 }
 
+func TestGPUFromAnotherServersMetrics(t *testing.T) {
+	// The subject has no gauges; a third server (the GPU's exporter) has them for both targets.
+	subject := httptest.NewServer(&fakeTTS{rate: 24000, samplesPerChar: 10})
+	defer subject.Close()
+	exporter := httptest.NewServer(&fakeTTS{metrics: fakeMetrics})
+	defer exporter.Close()
+	rep, err := Run(context.Background(), Options{
+		Targets:          []Target{{Name: "fake", URL: subject.URL}},
+		Concurrency:      []int{1},
+		RequestsPerLevel: 1,
+		Corpus:           []Sentence{{"en", "Hi."}},
+		GPUMetricsURL:    exporter.URL,
+		SampleInterval:   5 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := rep.Targets[0]
+	if tr.GPUSource != exporter.URL+"/metrics" || len(tr.Levels[0].GPUs) != 2 || tr.Levels[0].GPUs[1].PeakMemoryBytes != 2.5e9 {
+		t.Errorf("source %q gpus %+v", tr.GPUSource, tr.Levels[0].GPUs)
+	}
+}
+
 // countingSampler reports one GPU whose memory grows by 100 bytes at each reading.
 type countingSampler struct{ calls atomic.Int64 }
 

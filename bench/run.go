@@ -52,6 +52,9 @@ type Options struct {
 
 	// Client sends the requests; nil builds one with enough idle connections for the sweep.
 	Client *http.Client
+	// GPUMetricsURL, when set, is the base URL whose /metrics gauges are sampled for every
+	// target instead of each target's own (e.g. one exporter for the GPU that both servers share).
+	GPUMetricsURL string
 	// LocalGPU is used for targets whose /metrics has no GPU gauges; nil means no GPU figures
 	// for those targets.
 	LocalGPU       GPUSampler
@@ -246,13 +249,20 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 	return tr, nil
 }
 
-// gpuSampler prefers the target's own /metrics gauges, then the local sampler.
+// gpuSampler prefers the GPUMetricsURL's or else the target's own /metrics gauges, then the
+// local sampler.
 func (o *Options) gpuSampler(ctx context.Context, t Target) (GPUSampler, string) {
-	ms := &MetricsSampler{Client: o.Client, URL: t.URL}
+	url, source := t.URL, "server /metrics"
+	if o.GPUMetricsURL != "" {
+		url, source = o.GPUMetricsURL, strings.TrimRight(o.GPUMetricsURL, "/")+"/metrics"
+	}
+	ms := &MetricsSampler{Client: o.Client, URL: url}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := ms.Sample(pctx); err == nil {
-		return ms, "server /metrics"
+		return ms, source
+	} else if o.GPUMetricsURL != "" {
+		o.Logger.Warn("no GPU gauges at the GPU metrics URL", "url", url, "error", err)
 	} else {
 		o.Logger.Debug("no GPU gauges on the server", "target", t.Name, "error", err)
 	}

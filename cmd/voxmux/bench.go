@@ -102,6 +102,7 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 	f.StringVar(&compareName, "compare-name", "baseline", "name of the --compare server in the report")
 	f.IntSliceVar(&compareLevels, "compare-concurrency", nil, "levels for the --compare server when they should differ from --concurrency")
 	f.StringVar(&outDir, "out", "bench-results", "folder for bench.md, bench.json and bench.png")
+	f.StringVar(&o.GPUMetricsURL, "gpu-metrics", "", "base URL whose /metrics GPU gauges are sampled for every server (default: each server's own)")
 	f.StringVar(&o.Label, "label", "", "title of the report, e.g. the GPU and the model")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	return cmd
