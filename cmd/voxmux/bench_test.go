@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/voxmux/voxmux/bench"
+)
+
+// `voxmux bench` against a real `voxmux serve` running the tiny model on the CPU.
+func TestBenchCommandAgainstServe(t *testing.T) {
+	listen := freePort(t)
+	s := startServe(t, writeConfig(t, listen, "  - name: cpu\n    instances: 1\n"), listen)
+	out := t.TempDir()
+	cmd := benchCmd(nil)
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"--url", s.url, "--concurrency", "1,2", "--requests-per-level", "4", "--warmup", "1",
+		"--model", "tiny", "--format", "wav", "--out", out, "--label", "tiny on CPU", "--quiet"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "# voxmux bench: tiny on CPU") || !strings.Contains(stdout.String(), "TTFB P95 (ms)") {
+		t.Errorf("stdout is not the markdown report:\n%s", stdout.String())
+	}
+	js, err := os.ReadFile(filepath.Join(out, "bench.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(js, &rep); err != nil {
+		t.Fatal(err)
+	}
+	wantChars := 0
+	for _, s := range bench.Corpus[:4] {
+		wantChars += s.Chars()
+	}
+	if len(rep.Targets) != 1 || len(rep.Targets[0].Levels) != 2 {
+		t.Fatalf("report targets %+v", rep.Targets)
+	}
+	for _, l := range rep.Targets[0].Levels {
+		if l.Requests != 4 || l.Succeeded != 4 || l.Chars != wantChars {
+			t.Errorf("c=%d: %d requests, %d ok, %d chars; want 4, 4, %d (errors %v)", l.Concurrency, l.Requests, l.Succeeded, l.Chars, wantChars, l.Errors)
+		}
+		// The tiny model speaks 2 to 4 speech tokens per character at 25 tokens a second.
+		if lo, hi := float64(wantChars)*2/25, float64(wantChars)*4/25; l.AudioSeconds < lo || l.AudioSeconds > hi {
+			t.Errorf("c=%d: %.2f s of audio for %d characters, want %.2f..%.2f", l.Concurrency, l.AudioSeconds, wantChars, lo, hi)
+		}
+	}
+	for _, f := range []string{"bench.md", "bench.png"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+}
+
+func TestBenchCommandFlagErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--format", "mp3"}, "--format"},
+		{[]string{"--concurrency", "1,0"}, "--concurrency"},
+		{[]string{"--compare-concurrency", "1"}, "--compare-concurrency"},
+		{[]string{"--requests-per-level", "-1"}, "--requests-per-level"},
+	} {
+		cmd := benchCmd(nil)
+		cmd.SetOut(&bytes.Buffer{})
+		cmd.SetErr(&bytes.Buffer{})
+		cmd.SetArgs(append(c.args, "--out", t.TempDir()))
+		err := cmd.Execute()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one naming %s", c.args, err, c.want)
+		}
+	}
+}

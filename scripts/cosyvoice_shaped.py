@@ -1,0 +1,514 @@
+"""PyTorch modules with the shapes of CosyVoice3-0.5B and random weights, for benchmarking.
+
+The four graphs follow voxmux's stage contract (docs/pipeline.md) exactly, so the exporter
+(scripts/export_cosyvoice_shaped.py) can write them as ONNX for voxmux, and the baseline server
+(scripts/baseline_server.py) can run the very same modules in PyTorch eager mode:
+
+- SpeechLM: a Qwen2.5-0.5B-shaped decoder (hidden 896, 24 layers, 14 query heads over 2 KV heads,
+  head_dim 64, SiLU-gated MLP 4864, RMSNorm, RoPE theta 1e6 from position_ids, q/k/v biases),
+  one embedding table for text bytes and speech tokens, logits over 6561 speech tokens + end of
+  speech, KV cache as explicit inputs and outputs.
+- FlowEncoder: CosyVoice3's token front end: speech-token embedding (6561 x 80), the
+  pre-lookahead convolution block (80 -> 1024 -> 80, 3 tokens of lookahead), then each token
+  repeated to 2 mel frames (25 Hz tokens -> 50 Hz mel).
+- FlowEstimator: a DiT (dim 1024, depth 22, 16 heads of 64, feed-forward x2, AdaLN-Zero
+  modulation from the flow time, rotary positions, causal convolutional position embedding),
+  velocity over 80 mel bins; attention masks padded frames as keys.
+- Vocoder: a HiFi-GAN generator shaped like CosyVoice3's HiFT (512 base channels, upsampling
+  x8 x5 x3 with kernels 16/11/7, multi-receptive-field blocks with kernels 3/7/11 and dilations
+  1/3/5), and a learned x4 synthesis layer in place of HiFT's iSTFT (n_fft 16, hop 4): 480
+  samples per mel frame at 24 kHz. Every convolution is causal and bias-free, so zero padding
+  never changes real samples (exact batch invariance), and chunked vocoding with enough left
+  context equals a whole run.
+
+Sources and deviations are in docs/benchmarks/model.md. The weights are random (fixed seed), so
+the audio is noise; the work per request is the real thing.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+SEED = 20250805
+
+# Tokenizer ("bytes", docs/pipeline.md): 0 pad, 1 bos, 2 sos, byte b -> b + 3.
+PAD, BOS, SOS = 0, 1, 2
+TEXT_OFFSET = 3
+TEXT_VOCAB = 259
+SPEECH_VOCAB = 6561                    # CosyVoice3 speech_token_size (FSQ codebook)
+SPEECH_TOKEN_OFFSET = TEXT_VOCAB       # LM input id of speech token k is 259 + k
+LM_VOCAB = TEXT_VOCAB + SPEECH_VOCAB   # 6820 input ids
+END_OF_SPEECH = SPEECH_VOCAB           # index of end of speech in the logits
+
+# Qwen2.5-0.5B (config.json).
+LM_HIDDEN = 896
+LM_LAYERS = 24
+LM_Q_HEADS = 14
+LM_KV_HEADS = 2
+LM_HEAD_DIM = 64
+LM_GROUP = LM_Q_HEADS // LM_KV_HEADS
+LM_MLP = 4864
+LM_RMS_EPS = 1e-6
+LM_ROPE_THETA = 1000000.0
+
+# CosyVoice3 flow (cosyvoice3.yaml: CausalMaskedDiffWithDiT, PreLookaheadLayer, DiT).
+MEL_BINS = 80
+TOKEN_RATE = 25
+FRAMES_PER_TOKEN = 2
+FLOW_EMBED = 80
+LOOKAHEAD_CHANNELS = 1024
+LOOKAHEAD_TOKENS = 3
+DIT_DIM = 1024
+DIT_DEPTH = 22
+DIT_HEADS = 16
+DIT_HEAD_DIM = 64
+DIT_FF_MULT = 2
+DIT_TIME_FREQS = 256
+DIT_POS_KERNEL = 31
+DIT_POS_GROUPS = 16
+
+# CosyVoice3 HiFT (cosyvoice3.yaml: CausalHiFTGenerator).
+SAMPLE_RATE = 24000
+VOC_BASE_CHANNELS = 512
+VOC_UPSAMPLE_RATES = (8, 5, 3)
+VOC_UPSAMPLE_KERNELS = (16, 11, 7)
+VOC_RESBLOCK_KERNELS = (3, 7, 11)
+VOC_RESBLOCK_DILATIONS = (1, 3, 5)
+VOC_SYNTH_CHANNELS = 18     # HiFT's conv_post writes n_fft + 2 = 18 channels (magnitude, phase)
+VOC_SYNTH_KERNEL = 16       # HiFT's iSTFT: n_fft 16 ...
+VOC_SYNTH_HOP = 4           # ... hop 4
+HOP = 480                   # 8 * 5 * 3 * 4 samples per mel frame
+AUDIO_LIMIT = 0.99          # HiFT's audio_limit
+
+assert LM_Q_HEADS * LM_HEAD_DIM == LM_HIDDEN
+assert DIT_HEADS * DIT_HEAD_DIM == DIT_DIM
+assert math.prod(VOC_UPSAMPLE_RATES) * VOC_SYNTH_HOP == HOP == SAMPLE_RATE // (TOKEN_RATE * FRAMES_PER_TOKEN)
+
+# Additive attention bias of a masked position (scores are float32 here).
+MASKED = 1e9
+
+
+def rotate_half(x, half):
+    """RoPE's rotation of the last axis (2*half wide); half is a constant so that tracing keeps
+    the slices static."""
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope_cos_sin(positions, head_dim, theta, dtype):
+    """cos and sin [B, 1, T, head_dim] for int64 positions [B, T] (or [1, T])."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32,
+                                             device=positions.device) / head_dim))
+    freqs = positions.to(torch.float32).unsqueeze(-1) * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# LM
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LMAttention(nn.Module):
+    """Grouped-query attention with the KV cache passed in and out."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(LM_HIDDEN, LM_Q_HEADS * LM_HEAD_DIM, bias=True)
+        self.k_proj = nn.Linear(LM_HIDDEN, LM_KV_HEADS * LM_HEAD_DIM, bias=True)
+        self.v_proj = nn.Linear(LM_HIDDEN, LM_KV_HEADS * LM_HEAD_DIM, bias=True)
+        self.o_proj = nn.Linear(LM_Q_HEADS * LM_HEAD_DIM, LM_HIDDEN, bias=False)
+        self.scale = 1.0 / math.sqrt(LM_HEAD_DIM)
+        # Eager runs (the baseline) use PyTorch's fused attention; the exported graph spells the
+        # same arithmetic out so every ONNX Runtime provider can run it.
+        self.sdpa = False
+
+    def forward(self, h, cos, sin, bias, past_k, past_v):
+        # Reshapes take B from the input's shape and infer T (-1): traced, both stay dynamic.
+        B = h.shape[0]
+        q = self.q_proj(h).reshape(B, -1, LM_Q_HEADS, LM_HEAD_DIM).transpose(1, 2)    # [B,14,T,64]
+        k = self.k_proj(h).reshape(B, -1, LM_KV_HEADS, LM_HEAD_DIM).transpose(1, 2)   # [B,2,T,64]
+        v = self.v_proj(h).reshape(B, -1, LM_KV_HEADS, LM_HEAD_DIM).transpose(1, 2)
+        q = q * cos + rotate_half(q, LM_HEAD_DIM // 2) * sin
+        k = k * cos + rotate_half(k, LM_HEAD_DIM // 2) * sin
+        k_all = torch.cat([past_k, k], dim=2)                                         # [B,2,S,64]
+        v_all = torch.cat([past_v, v], dim=2)
+        # Query head h belongs to KV head h // 7. Folding the 7 query heads of a KV head into the
+        # query axis lets one plain batched matmul per KV head serve them, with no copies of K/V.
+        qg = q.reshape(B, LM_KV_HEADS, -1, LM_HEAD_DIM)                                # [B,2,7T,64]
+        if self.sdpa:
+            mask = bias.expand(-1, -1, LM_GROUP, -1, -1).flatten(2, 3).to(qg.dtype)    # [B,1,7T,S]
+            ctx = F.scaled_dot_product_attention(qg, k_all, v_all, attn_mask=mask)
+        else:
+            scores = torch.matmul(qg, k_all.transpose(2, 3)).to(torch.float32) * self.scale
+            S = scores.shape[-1]
+            scores = scores.reshape(B, LM_KV_HEADS, LM_GROUP, -1, S) + bias            # [B,2,7,T,S]
+            probs = torch.softmax(scores, dim=-1).to(qg.dtype).reshape(B, LM_KV_HEADS, -1, S)
+            ctx = torch.matmul(probs, v_all)                                           # [B,2,7T,64]
+        ctx = ctx.reshape(B, LM_Q_HEADS, -1, LM_HEAD_DIM).transpose(1, 2)              # [B,T,14,64]
+        return self.o_proj(ctx.reshape(B, -1, LM_Q_HEADS * LM_HEAD_DIM)), k_all, v_all
+
+
+class LMLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = RMSNorm(LM_HIDDEN, LM_RMS_EPS)
+        self.self_attn = LMAttention()
+        self.post_attention_layernorm = RMSNorm(LM_HIDDEN, LM_RMS_EPS)
+        self.gate_proj = nn.Linear(LM_HIDDEN, LM_MLP, bias=False)
+        self.up_proj = nn.Linear(LM_HIDDEN, LM_MLP, bias=False)
+        self.down_proj = nn.Linear(LM_MLP, LM_HIDDEN, bias=False)
+
+    def forward(self, h, cos, sin, bias, past_k, past_v):
+        a, k, v = self.self_attn(self.input_layernorm(h), cos, sin, bias, past_k, past_v)
+        h = h + a
+        x = self.post_attention_layernorm(h)
+        h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return h, k, v
+
+
+def lm_attention_bias(attention_mask, past_len, new_len):
+    """[B,1,1,T,S] float32: 0 where new token t may attend slot j, -1e9 elsewhere.
+
+    Allowed: attention_mask[b, j] == 1 and j <= past_len + t (causal over slots; positions come
+    from position_ids, so padding slots never shift them).
+    """
+    total = attention_mask.shape[1]
+    key = torch.arange(total, device=attention_mask.device)
+    query = torch.arange(new_len, device=attention_mask.device) + past_len
+    causal = key.unsqueeze(0) <= query.unsqueeze(1)                       # [T,S]
+    real = attention_mask.unsqueeze(1).unsqueeze(1).unsqueeze(1) == 1     # [B,1,1,1,S]
+    allowed = torch.logical_and(real, causal)                             # [B,1,1,T,S]
+    return (allowed.to(torch.float32) - 1.0) * MASKED
+
+
+class SpeechLM(nn.Module):
+    """forward(input_ids, position_ids, attention_mask, past_key.0, past_value.0, ...)
+    -> (logits float32 [B,T,6562], present_key.0, present_value.0, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(LM_VOCAB, LM_HIDDEN)
+        self.layers = nn.ModuleList(LMLayer() for _ in range(LM_LAYERS))
+        self.norm = RMSNorm(LM_HIDDEN, LM_RMS_EPS)
+        self.lm_head = nn.Linear(LM_HIDDEN, SPEECH_VOCAB + 1, bias=False)
+
+    def forward(self, input_ids, position_ids, attention_mask, *past):
+        h = self.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(position_ids, LM_HEAD_DIM, LM_ROPE_THETA, h.dtype)
+        bias = lm_attention_bias(attention_mask, past[0].shape[2], input_ids.shape[1])
+        presents = []
+        for i, layer in enumerate(self.layers):
+            h, k, v = layer(h, cos, sin, bias, past[2 * i], past[2 * i + 1])
+            presents += [k, v]
+        logits = self.lm_head(self.norm(h)).to(torch.float32)
+        return (logits, *presents)
+
+
+def lm_input_names():
+    names = ["input_ids", "position_ids", "attention_mask"]
+    for n in range(LM_LAYERS):
+        names += ["past_key.%d" % n, "past_value.%d" % n]
+    return names
+
+
+def lm_output_names():
+    names = ["logits"]
+    for n in range(LM_LAYERS):
+        names += ["present_key.%d" % n, "present_value.%d" % n]
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# Flow
+
+
+def repeat_frames(x):
+    """[B,C,N] -> [B,C,N*FRAMES_PER_TOKEN], each token repeated."""
+    return x.unsqueeze(-1).expand(-1, -1, -1, FRAMES_PER_TOKEN).flatten(2)
+
+
+class FlowEncoder(nn.Module):
+    """forward(speech_tokens int64 [B,N], token_mask [B,1,N]) -> mu [B,80,2N], zero at padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(SPEECH_VOCAB, FLOW_EMBED)
+        # Pre-lookahead block: a token sees the next 3 tokens (right padding), then a causal conv.
+        self.lookahead_conv = nn.Conv1d(FLOW_EMBED, LOOKAHEAD_CHANNELS, LOOKAHEAD_TOKENS + 1)
+        self.out_conv = nn.Conv1d(LOOKAHEAD_CHANNELS, FLOW_EMBED, 3)
+
+    def forward(self, speech_tokens, token_mask):
+        x = self.embed(speech_tokens).transpose(1, 2) * token_mask                    # [B,80,N]
+        y = self.lookahead_conv(F.pad(x, (0, LOOKAHEAD_TOKENS)))
+        y = F.leaky_relu(y, 0.01) * token_mask
+        y = self.out_conv(F.pad(y, (2, 0)))
+        y = (x + y) * token_mask
+        return repeat_frames(y) * repeat_frames(token_mask)
+
+
+def mish(x):
+    return x * torch.tanh(F.softplus(x))
+
+
+class TimeEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(DIT_TIME_FREQS, DIT_DIM)
+        self.fc2 = nn.Linear(DIT_DIM, DIT_DIM)
+
+    def forward(self, t, dtype):
+        half = DIT_TIME_FREQS // 2
+        freqs = torch.exp(torch.arange(half, dtype=torch.float32, device=t.device)
+                          * (-math.log(10000.0) / (half - 1)))
+        args = (1000.0 * t.to(torch.float32)).unsqueeze(1) * freqs.unsqueeze(0)   # [B,128]
+        emb = torch.cat((args.sin(), args.cos()), dim=-1).to(dtype)
+        return self.fc2(F.silu(self.fc1(emb)))
+
+
+class CausalPositionConv(nn.Module):
+    """Two causal grouped convolutions with Mish over the frames (a convolutional position
+    embedding that never looks right, so right padding cannot reach real frames)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv1d(DIT_DIM, DIT_DIM, DIT_POS_KERNEL, groups=DIT_POS_GROUPS)
+        self.conv2 = nn.Conv1d(DIT_DIM, DIT_DIM, DIT_POS_KERNEL, groups=DIT_POS_GROUPS)
+
+    def forward(self, h, frame_mask):
+        x = (h * frame_mask).transpose(1, 2)                                       # [B,D,F]
+        x = mish(self.conv1(F.pad(x, (DIT_POS_KERNEL - 1, 0))))
+        x = mish(self.conv2(F.pad(x, (DIT_POS_KERNEL - 1, 0))))
+        return x.transpose(1, 2) * frame_mask
+
+
+class DiTBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.modulation = nn.Linear(DIT_DIM, 6 * DIT_DIM)
+        # AdaLN-Zero normalises without an affine transform; unit weights and zero biases are
+        # the same thing, and every exporter version writes them (some drop an absent weight).
+        self.norm1 = nn.LayerNorm(DIT_DIM, eps=1e-6)
+        self.norm2 = nn.LayerNorm(DIT_DIM, eps=1e-6)
+        self.to_qkv = nn.Linear(DIT_DIM, 3 * DIT_DIM)
+        self.to_out = nn.Linear(DIT_DIM, DIT_DIM)
+        self.ff_in = nn.Linear(DIT_DIM, DIT_FF_MULT * DIT_DIM)
+        self.ff_out = nn.Linear(DIT_FF_MULT * DIT_DIM, DIT_DIM)
+        self.scale = 1.0 / math.sqrt(DIT_HEAD_DIM)
+        self.sdpa = False
+
+    def forward(self, x, temb, cos, sin, key_bias):
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(temb).unsqueeze(1).chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale1) + shift1
+        B = x.shape[0]
+        qkv = self.to_qkv(h).reshape(B, -1, 3, DIT_HEADS, DIT_HEAD_DIM).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)                                                    # [B,16,F,64]
+        q = q * cos + rotate_half(q, DIT_HEAD_DIM // 2) * sin
+        k = k * cos + rotate_half(k, DIT_HEAD_DIM // 2) * sin
+        if self.sdpa:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias.to(q.dtype))
+        else:
+            scores = torch.matmul(q, k.transpose(2, 3)).to(torch.float32) * self.scale + key_bias
+            ctx = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+        x = x + gate1 * self.to_out(ctx.transpose(1, 2).reshape(B, -1, DIT_DIM))
+        h = self.norm2(x) * (1 + scale2) + shift2
+        return x + gate2 * self.ff_out(F.gelu(self.ff_in(h), approximate="tanh"))
+
+
+class FlowEstimator(nn.Module):
+    """forward(x [B,80,F], mask [B,1,F], mu [B,80,F], t [B]) -> velocity [B,80,F], zero at padding."""
+
+    def __init__(self):
+        super().__init__()
+        self.time_embed = TimeEmbedding()
+        self.proj_in = nn.Linear(2 * MEL_BINS, DIT_DIM)
+        self.pos_conv = CausalPositionConv()
+        self.blocks = nn.ModuleList(DiTBlock() for _ in range(DIT_DEPTH))
+        self.final_modulation = nn.Linear(DIT_DIM, 2 * DIT_DIM)
+        self.norm_out = nn.LayerNorm(DIT_DIM, eps=1e-6)
+        self.proj_out = nn.Linear(DIT_DIM, MEL_BINS)
+
+    def forward(self, x, mask, mu, t):
+        temb = F.silu(self.time_embed(t, x.dtype))                                  # [B,D]
+        frame_mask = mask.transpose(1, 2)                                           # [B,F,1]
+        h = self.proj_in(torch.cat((x, mu), dim=1).transpose(1, 2)) * frame_mask    # [B,F,D]
+        h = h + self.pos_conv(h, frame_mask)
+        frames = torch.arange(x.shape[2], device=x.device).unsqueeze(0)             # [1,F]
+        cos, sin = rope_cos_sin(frames, DIT_HEAD_DIM, 10000.0, x.dtype)
+        key_bias = ((mask.to(torch.float32) - 1.0) * MASKED).unsqueeze(1)           # [B,1,1,F]
+        for block in self.blocks:
+            h = block(h, temb, cos, sin, key_bias)
+        shift, scale = self.final_modulation(temb).unsqueeze(1).chunk(2, dim=-1)
+        h = self.norm_out(h) * (1 + scale) + shift
+        return self.proj_out(h).transpose(1, 2) * mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocoder
+
+
+class CausalConv1d(nn.Conv1d):
+    """Bias-free, same-length convolution padded on the left only."""
+
+    def __init__(self, c_in, c_out, kernel, dilation=1):
+        super().__init__(c_in, c_out, kernel, dilation=dilation, bias=False)
+        self.left = (kernel - 1) * dilation
+
+    def forward(self, x):
+        return super().forward(F.pad(x, (self.left, 0)))
+
+
+class CausalConvTranspose1d(nn.ConvTranspose1d):
+    """Bias-free upsampling by `stride`; keeping the first T*stride outputs makes output n depend
+    only on inputs j with j*stride <= n."""
+
+    def __init__(self, c_in, c_out, kernel, stride):
+        super().__init__(c_in, c_out, kernel, stride=stride, bias=False)
+        self.up = stride
+
+    def forward(self, x):
+        return super().forward(x)[..., : x.shape[-1] * self.up]
+
+
+class ResBlock(nn.Module):
+    """HiFi-GAN ResBlock1: for each dilation, x += conv(lrelu(conv_d(lrelu(x))))."""
+
+    def __init__(self, channels, kernel):
+        super().__init__()
+        self.convs1 = nn.ModuleList(CausalConv1d(channels, channels, kernel, d) for d in VOC_RESBLOCK_DILATIONS)
+        self.convs2 = nn.ModuleList(CausalConv1d(channels, channels, kernel, 1) for _ in VOC_RESBLOCK_DILATIONS)
+
+    def forward(self, x):
+        for c1, c2 in zip(self.convs1, self.convs2):
+            x = x + c2(F.leaky_relu(c1(F.leaky_relu(x, 0.1)), 0.1))
+        return x
+
+
+class Vocoder(nn.Module):
+    """forward(mel [B,80,F]) -> audio float32 [B,F*480] in [-0.99, 0.99]."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_pre = CausalConv1d(MEL_BINS, VOC_BASE_CHANNELS, 7)
+        self.ups = nn.ModuleList()
+        self.stages = nn.ModuleList()
+        ch = VOC_BASE_CHANNELS
+        for rate, kernel in zip(VOC_UPSAMPLE_RATES, VOC_UPSAMPLE_KERNELS):
+            self.ups.append(CausalConvTranspose1d(ch, ch // 2, kernel, rate))
+            ch //= 2
+            self.stages.append(nn.ModuleList(ResBlock(ch, k) for k in VOC_RESBLOCK_KERNELS))
+        self.conv_post = CausalConv1d(ch, VOC_SYNTH_CHANNELS, 7)
+        self.synth = CausalConvTranspose1d(VOC_SYNTH_CHANNELS, 1, VOC_SYNTH_KERNEL, VOC_SYNTH_HOP)
+
+    def forward(self, mel):
+        x = self.conv_pre(mel)
+        for up, blocks in zip(self.ups, self.stages):
+            x = up(F.leaky_relu(x, 0.1))
+            y = blocks[0](x)
+            for b in blocks[1:]:
+                y = y + b(x)
+            x = y / len(blocks)
+        x = self.synth(self.conv_post(F.leaky_relu(x, 0.01)))
+        return torch.clamp(x, -AUDIO_LIMIT, AUDIO_LIMIT).squeeze(1).to(torch.float32)
+
+
+def vocoder_receptive_field_frames():
+    """How many earlier mel frames an output sample can depend on (upper bound), from the
+    architecture: each causal op adds its history, measured in frames at its own rate."""
+    frames = (7 - 1) / 1.0                                              # conv_pre at 1 sample/frame
+    rate = 1
+    for up, kernel in zip(VOC_UPSAMPLE_RATES, VOC_UPSAMPLE_KERNELS):
+        rate *= up
+        frames += (kernel - 1 + up) / rate                             # transposed conv
+        frames += max(sum((k - 1) * d + (k - 1) for d in VOC_RESBLOCK_DILATIONS)
+                      for k in VOC_RESBLOCK_KERNELS) / rate             # widest MRF block
+    frames += (7 - 1) / rate                                            # conv_post
+    rate *= VOC_SYNTH_HOP
+    frames += (VOC_SYNTH_KERNEL - 1 + VOC_SYNTH_HOP) / rate             # synthesis
+    return math.ceil(frames)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+class Models(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lm = SpeechLM()
+        self.flow_encoder = FlowEncoder()
+        self.flow_estimator = FlowEstimator()
+        self.vocoder = Vocoder()
+
+
+def _init_transformers(models, gen):
+    """Linear and embedding weights as Qwen2 initialises them (normal, std 0.02), biases zero;
+    the flow's token embedding at std 1 so that mu is of the order of a mel spectrogram."""
+    with torch.no_grad():
+        for m in list(models.lm.modules()) + list(models.flow_estimator.modules()):
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.normal_(0.0, 0.02, generator=gen)
+            if isinstance(m, nn.Linear) and m.bias is not None:
+                m.bias.zero_()
+        models.flow_encoder.embed.weight.normal_(0.0, 1.0, generator=gen)
+
+
+def _calibrate_vocoder(voc, gen):
+    """Scales each bias-free convolution so its output has RMS 1 on Gaussian mel input (and the
+    last one RMS 0.1), one layer after the other in a single pass. Random He-style weights
+    otherwise grow the signal through the residual stacks until fp16 overflows or the output
+    clips."""
+    convs = [m for m in voc.modules() if isinstance(m, (CausalConv1d, CausalConvTranspose1d))]
+
+    def hook(module, _inputs, out):
+        target = 0.1 if module is voc.synth else 1.0
+        rms = out.pow(2).mean().sqrt().clamp_min(1e-8)
+        s = target / rms
+        module.weight.mul_(s)
+        return out * s
+
+    handles = [c.register_forward_hook(hook) for c in convs]
+    try:
+        with torch.no_grad():
+            voc(torch.randn(2, MEL_BINS, 64, generator=gen))
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def build(seed=SEED):
+    """All four modules in float32 on the CPU, deterministic for a given seed and torch version."""
+    torch.manual_seed(seed)
+    models = Models()
+    gen = torch.Generator().manual_seed(seed)
+    _init_transformers(models, gen)
+    _calibrate_vocoder(models.vocoder, gen)
+    return models.eval()
+
+
+def use_sdpa(models, on=True):
+    """Switches attention to torch's fused kernel (eager runs); exports keep it off."""
+    for m in models.modules():
+        if isinstance(m, (LMAttention, DiTBlock)):
+            m.sdpa = on
+
+
+def tokenize(text):
+    """The "bytes" tokenizer: [bos, byte+3 ..., sos]."""
+    return [BOS] + [b + TEXT_OFFSET for b in text.encode("utf-8")] + [SOS]
+
+
+def count_params(module):
+    return sum(p.numel() for p in module.parameters())

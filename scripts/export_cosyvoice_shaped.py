@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Exports the CosyVoice3-0.5B-shaped benchmark pipeline (random weights) for voxmux.
+
+    usage: scripts/export_cosyvoice_shaped.py OUT_DIR [--dtype float16|float32] [--device cuda|cpu]
+                                              [--opset 17] [--no-verify]
+
+Writes OUT_DIR/lm.onnx, flow_encoder.onnx, flow_estimator.onnx, vocoder.onnx (the stage contract of
+docs/pipeline.md, dynamic batch and length axes), OUT_DIR/pipeline.yaml (the manifest) and
+OUT_DIR/weights.pt (the same weights as a PyTorch state dict, for scripts/baseline_server.py). Then
+it checks every graph with ONNX Runtime against the PyTorch modules: shapes, dtypes, masking of
+padded items, that a padded batch gives each item what it gets alone, that KV-cache decoding
+equals a whole-sequence prefill, and that chunked vocoding with the manifest's context equals a
+whole run.
+
+Needs torch, onnx and onnxruntime (onnxruntime-gpu for the CUDA check); runs on a GPU host. The
+.onnx files are large (about 1.4 GB in float16) and are never committed.
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cosyvoice_shaped as cs  # noqa: E402
+
+# Manifest values. Random weights almost never make end of speech the most likely token, so every
+# request runs to max_tokens_per_char: 25 tokens/s / 2.0833 tokens/char = 12 characters of text per
+# second of audio, about the pace of English speech. The minimum only matters if the LM stops early.
+MIN_TOKENS_PER_CHAR = 2.0
+MAX_TOKENS_PER_CHAR = 2.0833
+MAX_TOKENS = 4000
+STEPS = 10              # CosyVoice3 flow: n_timesteps=10, Euler
+CFG_STRENGTH = 0.7      # CosyVoice3 inference_cfg_rate
+CHUNK_TOKENS = [15, 50, 100]
+
+
+def context_tokens():
+    """Tokens of left context whose mel frames cover the vocoder's receptive field."""
+    return math.ceil(cs.vocoder_receptive_field_frames() / cs.FRAMES_PER_TOKEN)
+
+
+MANIFEST = """\
+# CosyVoice3-0.5B-shaped pipeline with random weights, for benchmarks (its audio is noise).
+# Made by scripts/export_cosyvoice_shaped.py; dimensions and sources: docs/benchmarks/model.md.
+kind: staged
+name: cosyvoice3-shaped
+sample_rate: {sample_rate}
+dtype: {dtype}
+voices: [default]
+tokenizer:
+  type: bytes
+  offset: {text_offset}
+  bos: {bos}
+lm:
+  file: lm.onnx
+  layers: {layers}
+  kv_heads: {kv_heads}
+  head_dim: {head_dim}
+  speech_vocab: {speech_vocab}
+  speech_token_offset: {speech_token_offset}
+  sos: {sos}
+  token_rate: {token_rate}
+  min_tokens_per_char: {min_tpc}   # random weights never pick end of speech, so requests run to
+  max_tokens_per_char: {max_tpc}   # the maximum: 25 / {max_tpc} = 12 characters per second of audio
+  max_tokens: {max_tokens}
+flow:
+  encoder: flow_encoder.onnx
+  estimator: flow_estimator.onnx
+  mel_bins: {mel_bins}
+  frames_per_token: {fpt}
+  steps: {steps}
+  cfg_strength: {cfg}
+vocoder:
+  file: vocoder.onnx
+  hop: {hop}
+streaming:
+  chunk_tokens: [{chunks}]
+  context_tokens: {context}   # {context_frames} mel frames cover the vocoder's receptive field ({rf} frames)
+"""
+
+
+def write_manifest(out_dir, dtype_name):
+    ctx = context_tokens()
+    text = MANIFEST.format(
+        sample_rate=cs.SAMPLE_RATE, dtype=dtype_name, text_offset=cs.TEXT_OFFSET, bos=cs.BOS,
+        layers=cs.LM_LAYERS, kv_heads=cs.LM_KV_HEADS, head_dim=cs.LM_HEAD_DIM,
+        speech_vocab=cs.SPEECH_VOCAB, speech_token_offset=cs.SPEECH_TOKEN_OFFSET, sos=cs.SOS,
+        token_rate=cs.TOKEN_RATE, min_tpc=MIN_TOKENS_PER_CHAR, max_tpc=MAX_TOKENS_PER_CHAR,
+        max_tokens=MAX_TOKENS, mel_bins=cs.MEL_BINS, fpt=cs.FRAMES_PER_TOKEN, steps=STEPS,
+        cfg=CFG_STRENGTH, hop=cs.HOP, chunks=", ".join(str(c) for c in CHUNK_TOKENS),
+        context=ctx, context_frames=ctx * cs.FRAMES_PER_TOKEN, rf=cs.vocoder_receptive_field_frames())
+    path = os.path.join(out_dir, "pipeline.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def log(msg):
+    print("[%s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
+
+
+def size_of(path):
+    return "%.1f MB" % (os.path.getsize(path) / 1e6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Export
+
+
+def export_graph(module, args, path, inputs, outputs, dynamic_axes, opset):
+    kwargs = dict(input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes,
+                  opset_version=opset, do_constant_folding=True)
+    try:
+        # The TorchScript exporter traces the KV-cache graph exactly as written; the dynamo one
+        # needs onnxscript and guards on the loops.
+        torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+    except TypeError:
+        torch.onnx.export(module, args, path, **kwargs)  # a torch without the dynamo= argument
+
+
+def export_all(models, out_dir, dtype, device, opset):
+    lm, enc, est, voc = models.lm, models.flow_encoder, models.flow_estimator, models.vocoder
+    B, T, P = 2, 3, 5
+    past = []
+    for _ in range(2 * cs.LM_LAYERS):
+        # Distinct tensors: the tracer would merge inputs that are one and the same object.
+        past.append(torch.randn(B, cs.LM_KV_HEADS, P, cs.LM_HEAD_DIM, device=device, dtype=dtype))
+    lm_args = (torch.randint(0, cs.LM_VOCAB, (B, T), device=device),
+               (P + torch.arange(T, device=device)).unsqueeze(0).expand(B, T).contiguous(),
+               torch.ones(B, P + T, dtype=torch.int64, device=device), *past)
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "position_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "total_seq"}, "logits": {0: "batch", 1: "seq"}}
+    for n in range(cs.LM_LAYERS):
+        for kind in ("key", "value"):
+            axes["past_%s.%d" % (kind, n)] = {0: "batch", 2: "past_seq"}
+            axes["present_%s.%d" % (kind, n)] = {0: "batch", 2: "total_seq"}
+    jobs = [
+        ("lm.onnx", lm, lm_args, cs.lm_input_names(), cs.lm_output_names(), axes),
+        ("flow_encoder.onnx", enc,
+         (torch.randint(0, cs.SPEECH_VOCAB, (B, 7), device=device),
+          torch.ones(B, 1, 7, device=device, dtype=dtype)),
+         ["speech_tokens", "token_mask"], ["mu"],
+         {"speech_tokens": {0: "batch", 1: "tokens"}, "token_mask": {0: "batch", 2: "tokens"},
+          "mu": {0: "batch", 2: "frames"}}),
+        ("flow_estimator.onnx", est,
+         (torch.randn(B, cs.MEL_BINS, 14, device=device, dtype=dtype),
+          torch.ones(B, 1, 14, device=device, dtype=dtype),
+          torch.randn(B, cs.MEL_BINS, 14, device=device, dtype=dtype),
+          torch.rand(B, device=device, dtype=dtype)),
+         ["x", "mask", "mu", "t"], ["velocity"],
+         {"x": {0: "batch", 2: "frames"}, "mask": {0: "batch", 2: "frames"},
+          "mu": {0: "batch", 2: "frames"}, "t": {0: "batch"}, "velocity": {0: "batch", 2: "frames"}}),
+        ("vocoder.onnx", voc, (torch.randn(B, cs.MEL_BINS, 9, device=device, dtype=dtype),),
+         ["mel"], ["audio"], {"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}}),
+    ]
+    for name, module, args, inputs, outputs, dyn in jobs:
+        path = os.path.join(out_dir, name)
+        log("exporting %s (%d parameters) ..." % (name, cs.count_params(module)))
+        with torch.no_grad():
+            export_graph(module, args, path, inputs, outputs, dyn, opset)
+        log("wrote %s: %s" % (path, size_of(path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Verification
+
+
+class Checker:
+    def __init__(self, fp16):
+        self.tol = 3e-2 if fp16 else 2e-3
+        self.failures = []
+
+    def close(self, what, got, want, tol=None):
+        """max |got - want| within tol x max(1, max |want|)."""
+        tol = self.tol if tol is None else tol
+        got = np.asarray(got, dtype=np.float64)
+        want = np.asarray(want, dtype=np.float64)
+        if got.shape != want.shape:
+            self.fail("%s: shape %s, want %s" % (what, got.shape, want.shape))
+            return
+        scale = max(1.0, float(np.abs(want).max()) if want.size else 1.0)
+        err = float(np.abs(got - want).max()) if want.size else 0.0
+        ok = np.isfinite(got).all() and err <= tol * scale
+        log("  %-4s %s: max error %.3g (scale %.3g)" % ("ok" if ok else "FAIL", what, err, scale))
+        if not ok:
+            self.failures.append(what)
+
+    def true(self, what, cond, detail=""):
+        log("  %-4s %s %s" % ("ok" if cond else "FAIL", what, detail))
+        if not cond:
+            self.failures.append(what)
+
+    def fail(self, what):
+        log("  FAIL " + what)
+        self.failures.append(what)
+
+
+def ort_session(path, provider):
+    import onnxruntime as ort
+    available = ort.get_available_providers()
+    if provider == "cuda":
+        providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    elif provider == "cpu":
+        providers = ["CPUExecutionProvider"]
+    else:
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(path, opts, providers=providers)
+
+
+def to_np(t):
+    return t.detach().cpu().numpy()
+
+
+def lm_ort_step(sess, np_dtype, seqs, tokens):
+    """One batched LM run the way voxmux's engine does it: right-padded inputs, each sequence's
+    cache padded to the longest with masked slots. seqs are dicts {"past": [arrays [H,pos,D]],
+    "pos": int}; returns each sequence's last logits and updates the caches."""
+    B = len(seqs)
+    H, D, L = cs.LM_KV_HEADS, cs.LM_HEAD_DIM, cs.LM_LAYERS
+    T = max(len(t) for t in tokens)
+    P = max(s["pos"] for s in seqs)
+    ids = np.zeros((B, T), np.int64)
+    pos = np.zeros((B, T), np.int64)
+    mask = np.zeros((B, P + T), np.int64)
+    for b, s in enumerate(seqs):
+        pos[b] = s["pos"] + np.arange(T)
+        ids[b, :len(tokens[b])] = tokens[b]
+        mask[b, P:P + len(tokens[b])] = 1
+        mask[b, :s["pos"]] = 1
+    feed = {"input_ids": ids, "position_ids": pos, "attention_mask": mask}
+    for i in range(2 * L):
+        buf = np.zeros((B, H, P, D), np_dtype)
+        for b, s in enumerate(seqs):
+            buf[b, :, :s["pos"]] = s["past"][i]
+        feed["past_%s.%d" % ("key" if i % 2 == 0 else "value", i // 2)] = buf
+    outs = sess.run(None, feed)
+    names = [o.name for o in sess.get_outputs()]
+    got = dict(zip(names, outs))
+    last = []
+    for b, s in enumerate(seqs):
+        n = len(tokens[b])
+        last.append(got["logits"][b, n - 1])
+        for i in range(2 * L):
+            pres = got["present_%s.%d" % ("key" if i % 2 == 0 else "value", i // 2)][b]
+            s["past"][i] = np.concatenate([pres[:, :s["pos"]], pres[:, P:P + n]], axis=1)
+        s["pos"] += n
+    return last
+
+
+def new_seq():
+    return {"past": [np.zeros((cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM))] * (2 * cs.LM_LAYERS), "pos": 0}
+
+
+def verify_lm(chk, sess, lm, device, dtype, np_dtype):
+    log("checking lm.onnx")
+    for o in sess.get_outputs():
+        if o.name == "logits":
+            chk.true("logits are float32", o.type == "tensor(float)", o.type)
+    prompt = cs.tokenize("Hello world.")
+    short = cs.tokenize("你好")
+    speech = [cs.SPEECH_TOKEN_OFFSET + k for k in (17, 4000, 6560, 0)]
+
+    # ONNX Runtime against PyTorch on the same whole-sequence prefill.
+    full = prompt + speech
+    args = [torch.tensor([full], device=device), torch.arange(len(full), device=device).unsqueeze(0),
+            torch.ones(1, len(full), dtype=torch.int64, device=device)]
+    args += [torch.zeros(1, cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM, device=device, dtype=dtype)] * (2 * cs.LM_LAYERS)
+    with torch.no_grad():
+        want = to_np(lm(*args)[0][0, -1])
+    s = new_seq()
+    got_prefill = lm_ort_step(sess, np_dtype, [s], [full])[0]
+    chk.close("prefill logits, ONNX Runtime vs PyTorch", got_prefill, want)
+
+    # KV-cache decoding: prompt, then one token at a time, ends on the same logits.
+    s = new_seq()
+    lm_ort_step(sess, np_dtype, [s], [prompt])
+    for tok in speech:
+        got = lm_ort_step(sess, np_dtype, [s], [[tok]])[0]
+    chk.close("KV-cache decode vs whole prefill", got, got_prefill)
+    chk.true("cache length after decode", s["pos"] == len(full), "%d" % s["pos"])
+
+    # A padded batch: a short prompt beside a long one, then decode steps with caches of
+    # different lengths, gives each sequence what it gets alone.
+    a, b = new_seq(), new_seq()
+    la, lb = lm_ort_step(sess, np_dtype, [a, b], [prompt, short])
+    alone_b = new_seq()
+    chk.close("padded prefill vs alone", lb, lm_ort_step(sess, np_dtype, [alone_b], [short])[0])
+    alone_a = new_seq()
+    lm_ort_step(sess, np_dtype, [alone_a], [prompt])
+    for tok in speech[:2]:
+        ga, gb = lm_ort_step(sess, np_dtype, [a, b], [[tok], [tok]])
+        wa = lm_ort_step(sess, np_dtype, [alone_a], [[tok]])[0]
+        wb = lm_ort_step(sess, np_dtype, [alone_b], [[tok]])[0]
+    chk.close("padded decode vs alone (longer cache)", ga, wa)
+    chk.close("padded decode vs alone (shorter cache)", gb, wb)
+    eos_rank = int((want > want[cs.END_OF_SPEECH]).sum())
+    log("  note: end of speech ranks %d of %d in these logits (random weights rarely stop)" % (eos_rank + 1, want.size))
+
+
+def verify_flow(chk, enc_sess, est_sess, enc, est, device, dtype, np_dtype):
+    log("checking flow_encoder.onnx and flow_estimator.onnx")
+    rng = np.random.default_rng(1)
+    toks = rng.integers(0, cs.SPEECH_VOCAB, size=(2, 9)).astype(np.int64)
+    tmask = np.ones((2, 1, 9), np_dtype)
+    tmask[1, :, 5:] = 0
+    toks[1, 5:] = 0
+    mu = enc_sess.run(None, {"speech_tokens": toks, "token_mask": tmask})[0]
+    chk.true("mu shape [B, 80, 2N]", mu.shape == (2, cs.MEL_BINS, 18), str(mu.shape))
+    chk.true("mu dtype", mu.dtype == np_dtype, str(mu.dtype))
+    chk.true("mu is zero at padded frames", np.all(mu[1, :, 10:] == 0))
+    alone = enc_sess.run(None, {"speech_tokens": toks[1:, :5], "token_mask": tmask[1:, :, :5]})[0]
+    chk.close("mu: padded batch vs alone", mu[1, :, :10], alone[0])
+    with torch.no_grad():
+        want = to_np(enc(torch.from_numpy(toks).to(device), torch.from_numpy(tmask).to(device)))
+    chk.close("mu: ONNX Runtime vs PyTorch", mu, want)
+
+    F = 18
+    x = rng.standard_normal((2, cs.MEL_BINS, F)).astype(np_dtype)
+    mask = np.ones((2, 1, F), np_dtype)
+    mask[1, :, 10:] = 0
+    x[1, :, 10:] = 0
+    t = np.array([0.3, 0.3], np_dtype)
+    v = est_sess.run(None, {"x": x, "mask": mask, "mu": mu, "t": t})[0]
+    chk.true("velocity shape", v.shape == x.shape, str(v.shape))
+    chk.true("velocity is zero at padded frames", np.all(v[1, :, 10:] == 0))
+    alone = est_sess.run(None, {"x": x[1:, :, :10], "mask": mask[1:, :, :10], "mu": mu[1:, :, :10], "t": t[1:]})[0]
+    chk.close("velocity: padded batch vs alone", v[1, :, :10], alone[0])
+    with torch.no_grad():
+        want = to_np(est(*(torch.from_numpy(a).to(device) for a in (x, mask, mu, t))))
+    chk.close("velocity: ONNX Runtime vs PyTorch", v, want)
+
+
+def verify_vocoder(chk, sess, voc, device, dtype, np_dtype, context):
+    log("checking vocoder.onnx")
+    for o in sess.get_outputs():
+        chk.true("audio is float32", o.type == "tensor(float)", o.type)
+    rng = np.random.default_rng(2)
+    F, real = 80, 50
+    mel = rng.standard_normal((2, cs.MEL_BINS, F)).astype(np_dtype)
+    mel[1, :, real:] = 0
+    audio = sess.run(None, {"mel": mel})[0]
+    chk.true("audio shape [B, F*480]", audio.shape == (2, F * cs.HOP), str(audio.shape))
+    rms = float(np.sqrt((audio[0].astype(np.float64) ** 2).mean()))
+    chk.true("audio level", 0.01 < rms < 0.9, "RMS %.3f" % rms)
+    alone = sess.run(None, {"mel": mel[1:, :, :real]})[0]
+    chk.close("audio: padded batch vs alone", audio[1, :real * cs.HOP], alone[0])
+    with torch.no_grad():
+        want = to_np(voc(torch.from_numpy(mel).to(device)))
+    chk.close("audio: ONNX Runtime vs PyTorch", audio, want)
+
+    # Chunked vocoding, as the engine does it at a chunk edge: the chunk's frames with `context`
+    # frames of left context, keeping the chunk's samples.
+    s = 45
+    assert s > context, "the chunk test needs a chunk that starts after the context"
+    part = sess.run(None, {"mel": mel[:1, :, s - context:]})[0]
+    chk.close("chunk with %d context frames vs whole run" % context, part[0, context * cs.HOP:], audio[0, s * cs.HOP:])
+
+    # The receptive field measured in float32 on the CPU: perturb frame 0 and find the last
+    # sample that moves.
+    v32 = cs.Vocoder()
+    v32.load_state_dict({k: p.float().cpu() for k, p in voc.state_dict().items()})
+    with torch.no_grad():
+        base = torch.from_numpy(rng.standard_normal((1, cs.MEL_BINS, F)).astype(np.float32))
+        moved = base.clone()
+        moved[:, :, 0] += 1.0
+        diff = (v32(moved) - v32(base)).abs()[0]
+    last = int(torch.nonzero(diff > 0).max()) if bool((diff > 0).any()) else 0
+    measured = last // cs.HOP
+    chk.true("receptive field %d frames (measured) within the manifest's context of %d frames"
+             % (measured, context), measured <= context)
+
+
+def verify(out_dir, models, device, dtype, provider):
+    import onnxruntime as ort
+    fp16 = dtype == torch.float16
+    np_dtype = np.float16 if fp16 else np.float32
+    chk = Checker(fp16)
+    log("verifying with ONNX Runtime %s (%s)" % (ort.__version__, ", ".join(ort.get_available_providers())))
+    sess = {n: ort_session(os.path.join(out_dir, n + ".onnx"), provider)
+            for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")}
+    log("  sessions run on %s" % sess["lm"].get_providers()[0])
+    verify_lm(chk, sess["lm"], models.lm, device, dtype, np_dtype)
+    verify_flow(chk, sess["flow_encoder"], sess["flow_estimator"], models.flow_encoder,
+                models.flow_estimator, device, dtype, np_dtype)
+    verify_vocoder(chk, sess["vocoder"], models.vocoder, device, dtype, np_dtype,
+                   context_tokens() * cs.FRAMES_PER_TOKEN)
+    return chk.failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out_dir")
+    ap.add_argument("--dtype", choices=["float16", "float32"], default="float16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="where the modules run while tracing (default: cuda when available)")
+    ap.add_argument("--opset", type=int, default=17)
+    ap.add_argument("--provider", choices=["auto", "cuda", "cpu"], default="auto",
+                    help="ONNX Runtime provider for the checks")
+    ap.add_argument("--seed", type=int, default=cs.SEED)
+    ap.add_argument("--no-verify", action="store_true")
+    a = ap.parse_args()
+
+    os.makedirs(a.out_dir, exist_ok=True)
+    dtype = torch.float16 if a.dtype == "float16" else torch.float32
+    log("building modules (seed %d) ..." % a.seed)
+    models = cs.build(a.seed)
+    for name in ("lm", "flow_encoder", "flow_estimator", "vocoder"):
+        log("  %-15s %6.1f M parameters" % (name, cs.count_params(getattr(models, name)) / 1e6))
+    log("  vocoder receptive field %d frames -> context_tokens %d" % (cs.vocoder_receptive_field_frames(), context_tokens()))
+    models = models.to(device=a.device, dtype=dtype)
+
+    weights = os.path.join(a.out_dir, "weights.pt")
+    torch.save({"seed": a.seed, "dtype": a.dtype, "state_dict": models.state_dict()}, weights)
+    log("wrote %s: %s" % (weights, size_of(weights)))
+    export_all(models, a.out_dir, dtype, a.device, a.opset)
+    log("wrote %s" % write_manifest(a.out_dir, a.dtype))
+
+    if a.no_verify:
+        return 0
+    try:
+        failures = verify(a.out_dir, models, a.device, dtype, a.provider)
+    except Exception as e:
+        log("verification could not run: %s: %s" % (type(e).__name__, e))
+        log("hint: float16 graphs need ONNX Runtime's CUDA provider (onnxruntime-gpu) on most builds; "
+            "--provider cuda forces it, --no-verify skips the checks")
+        return 1
+    if failures:
+        log("%d checks failed: %s" % (len(failures), "; ".join(failures)))
+        return 1
+    log("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
