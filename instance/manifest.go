@@ -125,7 +125,7 @@ func (m *Manifest) validate() error {
 	need(m.Kind == "staged", "kind", fmt.Sprintf("%q is not supported (want staged)", m.Kind))
 	need(m.Name != "", "name", "is required")
 	need(m.SampleRate > 0, "sample_rate", "must be positive")
-	need(m.DType == "float32", "dtype", fmt.Sprintf("%q is not supported yet (want float32)", m.DType))
+	need(m.DType == "float32" || m.DType == "float16", "dtype", fmt.Sprintf("%q is not float32 or float16", m.DType))
 	need(m.Tokenizer.Type == "bytes", "tokenizer.type", fmt.Sprintf("%q is not supported (want bytes)", m.Tokenizer.Type))
 	need(m.LM.Layers > 0, "lm.layers", "must be positive")
 	need(m.LM.KVHeads > 0, "lm.kv_heads", "must be positive")

@@ -123,13 +123,30 @@ def export_graph(module, args, path, inputs, outputs, dynamic_axes, opset):
         torch.onnx.export(module, args, path, **kwargs)  # a torch without the dynamo= argument
 
 
+class F32IO(torch.nn.Module):
+    """Float32 in and out around a module that computes in dtype: the flow and vocoder graphs take
+    and give float32 (docs/pipeline.md), and cast to float16 inside, on the GPU."""
+
+    def __init__(self, module, dtype):
+        super().__init__()
+        self.m = module
+        self.dtype = dtype
+
+    def forward(self, *args):
+        args = [a.to(self.dtype) if a.is_floating_point() else a for a in args]
+        out = self.m(*args)
+        return out.to(torch.float32)
+
+
 def export_all(models, out_dir, dtype, device, opset):
-    lm, enc, est, voc = models.lm, models.flow_encoder, models.flow_estimator, models.vocoder
+    lm = models.lm
+    enc, est, voc = (F32IO(m, dtype) for m in (models.flow_encoder, models.flow_estimator, models.vocoder))
+    lm_dtype, dtype = dtype, torch.float32  # only the LM's cache is in the model's dtype
     B, T, P = 2, 3, 5
     past = []
     for _ in range(2 * cs.LM_LAYERS):
         # Distinct tensors: the tracer would merge inputs that are one and the same object.
-        past.append(torch.randn(B, cs.LM_KV_HEADS, P, cs.LM_HEAD_DIM, device=device, dtype=dtype))
+        past.append(torch.randn(B, cs.LM_KV_HEADS, P, cs.LM_HEAD_DIM, device=device, dtype=lm_dtype))
     lm_args = (torch.randint(0, cs.LM_VOCAB, (B, T), device=device),
                (P + torch.arange(T, device=device)).unsqueeze(0).expand(B, T).contiguous(),
                torch.ones(B, P + T, dtype=torch.int64, device=device), *past)
@@ -352,7 +369,7 @@ def verify_vocoder(chk, sess, voc, device, dtype, np_dtype, context):
     alone = sess.run(None, {"mel": mel[1:, :, :real]})[0]
     chk.close("audio: padded batch vs alone", audio[1, :real * cs.HOP], alone[0])
     with torch.no_grad():
-        want = to_np(voc(torch.from_numpy(mel).to(device)))
+        want = to_np(F32IO(voc, dtype)(torch.from_numpy(mel).to(device)))
     chk.close("audio: ONNX Runtime vs PyTorch", audio, want)
 
     # Chunked vocoding, as the engine does it at a chunk edge: the chunk's frames with `context`
@@ -387,9 +404,10 @@ def verify(out_dir, models, device, dtype, provider):
             for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")}
     log("  sessions run on %s" % sess["lm"].get_providers()[0])
     verify_lm(chk, sess["lm"], models.lm, device, dtype, np_dtype)
-    verify_flow(chk, sess["flow_encoder"], sess["flow_estimator"], models.flow_encoder,
-                models.flow_estimator, device, dtype, np_dtype)
-    verify_vocoder(chk, sess["vocoder"], models.vocoder, device, dtype, np_dtype,
+    # Flow and vocoder take and give float32 whatever the model's dtype (F32IO).
+    verify_flow(chk, sess["flow_encoder"], sess["flow_estimator"], F32IO(models.flow_encoder, dtype),
+                F32IO(models.flow_estimator, dtype), device, torch.float32, np.float32)
+    verify_vocoder(chk, sess["vocoder"], models.vocoder, device, dtype, np.float32,
                    context_tokens() * cs.FRAMES_PER_TOKEN)
     return chk.failures
 
