@@ -16,21 +16,25 @@ import (
 type Engine struct {
 	p        *Pipeline
 	arrivals chan *stream
-	flowQ    *queue[*flowItem]
-	vocQ     *queue[*vocItem]
-	done     chan struct{}
-	wg       sync.WaitGroup
-	once     sync.Once
+	// Frame budgets of one flow and one vocoder batch.
+	flowFrames, vocFrames int
+	flowQ                 *queue[*flowItem]
+	vocQ                  *queue[*vocItem]
+	done                  chan struct{}
+	wg                    sync.WaitGroup
+	once                  sync.Once
 }
 
 // NewEngine starts the engine's loops over p.
 func NewEngine(p *Pipeline) *Engine {
 	e := &Engine{
-		p:        p,
-		arrivals: make(chan *stream),
-		flowQ:    newQueue[*flowItem](),
-		vocQ:     newQueue[*vocItem](),
-		done:     make(chan struct{}),
+		p:          p,
+		arrivals:   make(chan *stream),
+		flowFrames: 8192,
+		vocFrames:  16384,
+		flowQ:      newQueue[*flowItem](),
+		vocQ:       newQueue[*vocItem](),
+		done:       make(chan struct{}),
 	}
 	e.wg.Add(3)
 	go e.lmLoop()
@@ -163,6 +167,7 @@ type flowItem struct {
 	tokens     []int64 // context + chunk
 	ctxTokens  int
 	firstToken int // index of tokens[0] in the stream
+	first      bool
 	last       bool
 }
 
@@ -170,6 +175,7 @@ type vocItem struct {
 	s         *stream
 	mel       []float32 // channel-major, context + chunk frames
 	ctxFrames int
+	first     bool
 	last      bool
 }
 
@@ -306,6 +312,7 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 		tokens:     append([]int64(nil), s.tokens[start:end]...),
 		ctxTokens:  s.flowed - start,
 		firstToken: start,
+		first:      s.chunk == 0,
 		last:       last,
 	})
 	s.flowed = end
@@ -322,6 +329,10 @@ func (e *Engine) flowLoop() {
 			return
 		}
 		items = liveItems(items, func(it *flowItem) *stream { return it.s })
+		items, rest := takeBatch(items, e.flowFrames, func(it *flowItem) (int, bool, *stream) {
+			return len(it.tokens) * R, it.first, it.s
+		})
+		e.flowQ.pushFront(rest)
 		if len(items) == 0 {
 			continue
 		}
@@ -352,7 +363,7 @@ func (e *Engine) flowLoop() {
 				copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
 			}
 			it.s.prevMel, it.s.prevFrames = chunk, nf
-			e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, last: it.last})
+			e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
 		}
 	}
 }
@@ -366,6 +377,10 @@ func (e *Engine) vocoderLoop() {
 			return
 		}
 		items = liveItems(items, func(it *vocItem) *stream { return it.s })
+		items, rest := takeBatch(items, e.vocFrames, func(it *vocItem) (int, bool, *stream) {
+			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
+		})
+		e.vocQ.pushFront(rest)
 		if len(items) == 0 {
 			continue
 		}
@@ -385,6 +400,37 @@ func (e *Engine) vocoderLoop() {
 			}
 		}
 	}
+}
+
+// takeBatch picks the next batch: first chunks of streams before later chunks (a new stream's
+// first audio is what its client waits for), up to a budget of frames so one batch does not hold
+// everyone else back for long; at least one item. A stream's chunks stay in order: once one of its
+// items waits, its later items wait too.
+func takeBatch[T any](items []T, budget int, info func(T) (frames int, first bool, s *stream)) (take, rest []T) {
+	order := make([]T, 0, len(items))
+	for _, it := range items {
+		if _, first, _ := info(it); first {
+			order = append(order, it)
+		}
+	}
+	for _, it := range items {
+		if _, first, _ := info(it); !first {
+			order = append(order, it)
+		}
+	}
+	waiting := map[*stream]bool{}
+	used := 0
+	for _, it := range order {
+		frames, _, s := info(it)
+		if waiting[s] || (len(take) > 0 && used+frames > budget) {
+			waiting[s] = true
+			rest = append(rest, it)
+			continue
+		}
+		used += frames
+		take = append(take, it)
+	}
+	return take, rest
 }
 
 // liveItems drops the items of streams whose request has ended.
@@ -423,6 +469,20 @@ func (q *queue[T]) push(v T) {
 func (q *queue[T]) close() {
 	q.mu.Lock()
 	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// pushFront puts items back at the head of the queue, in order.
+func (q *queue[T]) pushFront(items []T) {
+	if len(items) == 0 {
+		return
+	}
+	q.mu.Lock()
+	q.items = append(append([]T(nil), items...), q.items...)
 	q.mu.Unlock()
 	select {
 	case q.ready <- struct{}{}:

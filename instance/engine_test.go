@@ -85,9 +85,18 @@ func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 // Batched runs must give the audio each request gives alone: every stage masks its padding and a
 // request's chunk schedule and noise are its own. Tolerance: 1e-4 per sample (float32 kernels may
 // sum in another order at another batch size).
-func TestEngineBatchedEqualsAlone(t *testing.T) {
+func TestEngineBatchedEqualsAlone(t *testing.T) { testBatchedEqualsAlone(t, 0) }
+
+// Small frame budgets split the flow and vocoder work into many batches, putting first chunks
+// ahead: the audio must not change.
+func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, 40) }
+
+func testBatchedEqualsAlone(t *testing.T, budget int) {
 	p := tinyPipeline(t)
 	e := NewEngine(p)
+	if budget > 0 {
+		e.flowFrames, e.vocFrames = budget, budget
+	}
 	defer e.Close()
 	reqs := []Request{
 		{Text: "Hello world.", Seed: 1},
@@ -141,5 +150,35 @@ func TestEngineCancel(t *testing.T) {
 	// The engine still serves others.
 	if pcm := synth(t, e, Request{Text: "still alive"}); len(pcm) == 0 {
 		t.Fatal("no audio after a cancellation")
+	}
+}
+
+func TestTakeBatch(t *testing.T) {
+	a, b, c := &stream{}, &stream{}, &stream{}
+	type it struct {
+		s      *stream
+		frames int
+		first  bool
+		name   string
+	}
+	items := []it{{a, 30, false, "a1"}, {b, 10, true, "b0"}, {a, 30, false, "a2"}, {c, 10, true, "c0"}, {b, 50, false, "b1"}}
+	take, rest := takeBatch(items, 60, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	names := func(xs []it) (n []string) {
+		for _, x := range xs {
+			n = append(n, x.name)
+		}
+		return n
+	}
+	// First chunks lead; a1 fits; a2 would overflow and waits; b1 waits too.
+	if got := names(take); len(got) != 3 || got[0] != "b0" || got[1] != "c0" || got[2] != "a1" {
+		t.Fatalf("take %v", got)
+	}
+	if got := names(rest); len(got) != 2 || got[0] != "a2" || got[1] != "b1" {
+		t.Fatalf("rest %v", got)
+	}
+	// One item over the budget still runs alone.
+	take, _ = takeBatch([]it{{a, 500, false, "big"}}, 60, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	if len(take) != 1 {
+		t.Fatal("an item over the budget never runs")
 	}
 }
