@@ -34,6 +34,10 @@ type Config struct {
 	// RequestTimeout bounds one synthesis, e.g. "5m".
 	RequestTimeout Duration `yaml:"request_timeout"`
 	Groups         []Group  `yaml:"groups"`
+	// Health tunes GPU health monitoring and group recovery (config/health.go).
+	Health Health `yaml:"health"`
+	// Consul registers the router in a Consul agent when enabled (config/health.go).
+	Consul Consul `yaml:"consul"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -172,7 +176,7 @@ func (c *Config) validate() error {
 			owner[gpu] = g.Name
 		}
 	}
-	return nil
+	return c.validateHealth()
 }
 
 // ModelPath resolves Model relative to the config file.
