@@ -190,12 +190,11 @@ func (r *Registrar) Run(ctx context.Context) error {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
-		wake := r.wake
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-		case <-wake:
+		case <-r.wake:
 		}
 		err := r.reconcile(ctx)
 		if errors.Is(err, errStopped) {

@@ -308,3 +308,42 @@ func TestRegistrationWithRealConsulAgent(t *testing.T) {
 	})
 	agent.eventually("DNS has no address after shutdown", resolves())
 }
+
+// registerCounter counts registrations, to show the registrar leaves an unchanged service alone
+// (registering again would restart its check).
+type registerCounter struct {
+	Agent
+	n atomic.Int64
+}
+
+func (c *registerCounter) ServiceRegister(ctx context.Context, reg *api.AgentServiceRegistration) error {
+	c.n.Add(1)
+	return c.Agent.ServiceRegister(ctx, reg)
+}
+
+func TestRegistrarLeavesUnchangedServiceWithRealAgent(t *testing.T) {
+	agent := newDevAgent(t)
+	agent.start()
+	client, err := api.NewClient(&api.Config{Address: agent.addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	counter := &registerCounter{Agent: NewConsulAgent(client)}
+	// The sparsest registration: no address (the node's), no tags, no voices, no groups.
+	status := func() RegistrationStatus { return RegistrationStatus{Model: "tiny", GroupsTotal: 1} }
+	reg, err := NewRegistrar(counter, RegistrarConfig{ID: "voxmux-sparse", Port: 1, CheckURL: "http://127.0.0.1:1/readyz", GroupService: "voxmux-group"}, status, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := reg.reconcile(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := counter.n.Load(); n != 1 {
+		t.Errorf("%d registrations of an unchanged service, want 1", n)
+	}
+	if err := reg.Deregister(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
