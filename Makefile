@@ -8,7 +8,7 @@ ORT_DIR := third_party/onnxruntime
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 
-.PHONY: run test build deps ort ort-gpu proto tiny-model tiny-piper vet clean
+.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper vet clean
 
 run: deps ort build
 	@echo
@@ -17,7 +17,7 @@ run: deps ort build
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 
-test: deps ort
+test: deps ort consul
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 15m ./...
 
@@ -33,6 +33,10 @@ ort:
 
 ort-gpu:
 	scripts/install-onnxruntime.sh --gpu $(ORT_DIR)
+
+# A Consul agent for the registration tests, built from the Go module proxy (~7 minutes, once).
+consul:
+	GO=$(GO) scripts/install-consul.sh third_party/consul
 
 # Regenerates plugin/proto from voxmux.proto (needs protoc: apt-get install protobuf-compiler).
 proto:

@@ -38,6 +38,10 @@ type Config struct {
 	Admin          Admin    `yaml:"admin"`
 	Restart        Restart  `yaml:"restart"`
 	Shutdown       Shutdown `yaml:"shutdown"`
+	// Health tunes GPU health monitoring and group recovery (config/health.go).
+	Health Health `yaml:"health"`
+	// Consul registers the router in a Consul agent when enabled (config/health.go).
+	Consul Consul `yaml:"consul"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -193,7 +197,10 @@ func (c *Config) validate() error {
 			owner[gpu] = g.Name
 		}
 	}
-	return c.validateOps()
+	if err := c.validateOps(); err != nil {
+		return err
+	}
+	return c.validateHealth()
 }
 
 // CheckGPUs rejects GPU indices the host does not have (count from NVML, when it can list them).
