@@ -106,13 +106,18 @@ func (p *Process) PID() int {
 var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK"}
 
 // InstanceEnv builds an instance's whole environment: the allowed host variables (plus CUDA_* and
-// NVIDIA_* settings other than the device list) and CUDA_VISIBLE_DEVICES set to gpus.
+// NVIDIA_* settings other than the device list), CUDA_DEVICE_ORDER=PCI_BUS_ID unless the host
+// sets it, and CUDA_VISIBLE_DEVICES set to gpus.
 func InstanceEnv(host []string, gpus []int) []string {
 	var env []string
+	order := "CUDA_DEVICE_ORDER=PCI_BUS_ID"
 	for _, kv := range host {
 		k, _, ok := strings.Cut(kv, "=")
 		if !ok || k == "CUDA_VISIBLE_DEVICES" || k == Handshake.MagicCookieKey {
 			continue
+		}
+		if k == "CUDA_DEVICE_ORDER" {
+			order = "" // the operator's choice stands
 		}
 		pass := strings.HasPrefix(k, "CUDA_") || strings.HasPrefix(k, "NVIDIA_")
 		for _, p := range passEnv {
@@ -125,6 +130,11 @@ func InstanceEnv(host []string, gpus []int) []string {
 	ids := make([]string, len(gpus))
 	for i, g := range gpus {
 		ids[i] = strconv.Itoa(g)
+	}
+	if order != "" {
+		// Config GPU indices are NVML's, which follow the PCI bus; CUDA's default order is
+		// fastest-first, so without this "GPU 3" could be another device.
+		env = append(env, order)
 	}
 	return append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 }

@@ -534,8 +534,11 @@ func TestInstanceEnv(t *testing.T) {
 					t.Errorf("%s was passed on", k)
 				}
 			}
-			if len(env) != 6 {
-				t.Errorf("env has %d entries, want 6: %q", len(env), env)
+			if got := vals["CUDA_DEVICE_ORDER"]; len(got) != 1 || got[0] != "PCI_BUS_ID" {
+				t.Errorf("CUDA_DEVICE_ORDER = %q, want PCI_BUS_ID (config indices are NVML's)", got)
+			}
+			if len(env) != 7 {
+				t.Errorf("env has %d entries, want 7: %q", len(env), env)
 			}
 		})
 	}
@@ -543,8 +546,15 @@ func TestInstanceEnv(t *testing.T) {
 
 func TestInstanceEnvEmptyHost(t *testing.T) {
 	env := InstanceEnv(nil, []int{1})
-	if !slices.Equal(env, []string{"CUDA_VISIBLE_DEVICES=1"}) {
+	if !slices.Equal(env, []string{"CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES=1"}) {
 		t.Errorf("InstanceEnv(nil, [1]) = %q", env)
+	}
+}
+
+func TestInstanceEnvKeepsOperatorsDeviceOrder(t *testing.T) {
+	env := InstanceEnv([]string{"CUDA_DEVICE_ORDER=FASTEST_FIRST"}, []int{1})
+	if !slices.Equal(env, []string{"CUDA_DEVICE_ORDER=FASTEST_FIRST", "CUDA_VISIBLE_DEVICES=1"}) {
+		t.Errorf("InstanceEnv = %q", env)
 	}
 }
 

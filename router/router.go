@@ -9,7 +9,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
 )
 
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
@@ -17,6 +20,8 @@ const MaxBodyBytes = 1 << 20
 
 // Options configure a Server.
 type Options struct {
+	// Metrics, when set, is served at GET /metrics in Prometheus' text format.
+	Metrics        prometheus.Gatherer
 	Pool           *Pool
 	MaxInputChars  int
 	RequestTimeout time.Duration
@@ -30,6 +35,7 @@ type Server struct {
 	o        Options
 	srv      *fasthttp.Server
 	draining atomic.Bool
+	metrics  fasthttp.RequestHandler
 }
 
 // New makes a Server.
@@ -41,6 +47,9 @@ func New(o Options) *Server {
 		o.RequestTimeout = 10 * time.Minute
 	}
 	s := &Server{o: o}
+	if o.Metrics != nil {
+		s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(o.Metrics, promhttp.HandlerOpts{}))
+	}
 	s.srv = &fasthttp.Server{
 		Handler: s.Handler,
 		Name:    "voxmux",
@@ -83,6 +92,8 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.voices(ctx)
+	case path == "/metrics" && s.metrics != nil:
+		s.metrics(ctx)
 	case path == "/healthz":
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")

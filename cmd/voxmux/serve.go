@@ -13,9 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
 
 	"github.com/voxmux/voxmux/config"
+	"github.com/voxmux/voxmux/health"
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/plugin"
 	"github.com/voxmux/voxmux/router"
@@ -57,6 +60,13 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
+	mon := openGPUMonitor(log, cfg)
+	if mon != nil {
+		defer mon.Close()
+		if err := cfg.CheckGPUs(len(mon.Snapshot())); err != nil {
+			return err
+		}
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
@@ -90,7 +100,16 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		supervised.Wait()
 	}
 
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if mon != nil {
+		metrics.MustRegister(health.NewCollector(mon.Snapshot))
+		go mon.Run(supCtx)
+	}
+	watchGPUs(supCtx, mon, cfg, pool, log)
+
 	srv := router.New(router.Options{
+		Metrics:        metrics,
 		Pool:           pool,
 		MaxInputChars:  cfg.MaxInputChars,
 		RequestTimeout: cfg.RequestTimeout.Std(),
@@ -115,9 +134,19 @@ func serve(ctx context.Context, cfg *config.Config) error {
 			stop()
 			return fmt.Errorf("config %s: admin.listen %s: %w", cfg.File, cfg.Admin.Listen, err)
 		}
-		admin = router.NewAdmin(router.AdminOptions{Pool: pool, Token: token, DrainTimeout: cfg.Shutdown.DrainTimeout.Std(), Logger: log})
+		admin = router.NewAdmin(router.AdminOptions{Pool: pool, Token: token, DrainTimeout: cfg.Shutdown.DrainTimeout.Std(), Extra: gpuView(mon), Logger: log})
 		go func() { serveErr <- admin.Serve(aln) }()
 		log.Info("admin API listening", "addr", aln.Addr().String())
+	}
+
+	registrar, err := newRegistrar(log, cfg, ln.Addr(), func() health.RegistrationStatus { return registrationStatus(pool) })
+	if err != nil {
+		stop()
+		return err
+	}
+	if registrar != nil {
+		go registrar.Run(supCtx)
+		go notifyChanges(supCtx, pool, registrar)
 	}
 
 	if err := awaitFirstReady(ctx, members); err != nil {
@@ -136,8 +165,16 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		stop()
 		return fmt.Errorf("http server: %w", err)
 	}
-	// Load balancers see /readyz fail first; new requests are still served during the grace period.
+	// Load balancers see /readyz fail first, then the service leaves Consul; new requests are
+	// still served during the grace period.
 	srv.SetDraining()
+	if registrar != nil {
+		dctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := registrar.Deregister(dctx); err != nil {
+			log.Warn("consul deregister", "error", err)
+		}
+		cancel()
+	}
 	select {
 	case <-time.After(cfg.Shutdown.Grace.Std()):
 	case <-sig:
