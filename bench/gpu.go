@@ -83,7 +83,8 @@ func gpuSamplesFrom(families map[string]*dto.MetricFamily) ([]GPUSample, error) 
 	get := func(m *dto.Metric, pos int) (*GPUSample, error) {
 		idx := pos
 		for _, l := range m.GetLabel() {
-			if l.GetName() == GPULabel {
+			// voxmux's health collector labels the GPU "index"; the baseline server says "gpu".
+			if l.GetName() == GPULabel || l.GetName() == "index" {
 				n, err := strconv.Atoi(l.GetValue())
 				if err != nil {
 					return nil, fmt.Errorf("label %s=%q is not a GPU index", GPULabel, l.GetValue())

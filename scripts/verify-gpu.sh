@@ -74,4 +74,46 @@ gpus() {
   "$bin" gpus --json > "$logs/gpus.json"; echo "(json: $(wc -c < "$logs/gpus.json") bytes)"
 }
 
+# The CosyVoice3-shaped model (scripts/export_cosyvoice_shaped.py wrote it to $BIG) on one GPU,
+# swept by voxmux bench against the eager PyTorch baseline on the same GPU.
+bigcfg() { # name listen groups...
+  cat > "$logs/$1.yaml" <<YAML
+listen: $2
+model: ${BIG:-/tmp/big}/pipeline.yaml
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+groups:
+$3
+YAML
+}
+
+bench() {
+  bigcfg big 127.0.0.1:8080 "  - {name: gpu0, gpus: [0], max_inflight: 256}"
+  "$bin" serve --config "$logs/big.yaml" > "$logs/big.log" 2>&1 &
+  vpid=$!
+  python3 "$repo/scripts/baseline_server.py" --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
+  bpid=$!
+  wait_ready http://127.0.0.1:8080 300 || { echo "voxmux not ready"; tail -20 "$logs/big.log"; }
+  wait_ready http://127.0.0.1:8081 300 || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; }
+  "$bin" bench --url http://127.0.0.1:8080 --compare http://127.0.0.1:8081 --compare-concurrency ${BASE_LEVELS:-1,4,8} \
+    --concurrency ${LEVELS:-1,4,8,16,32,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --quiet \
+    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
+    --out "${BENCH_OUT:-$logs/bench}"
+  kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# One group against two groups (one GPU each) at saturation.
+twogroups() {
+  bigcfg two 127.0.0.1:8090 "  - {name: gpu0, gpus: [0], max_inflight: 256}
+  - {name: gpu1, gpus: [1], max_inflight: 256}"
+  "$bin" serve --config "$logs/two.yaml" > "$logs/two.log" 2>&1 &
+  pid=$!
+  wait_ready http://127.0.0.1:8090 300 || { echo "not ready"; tail -20 "$logs/two.log"; }
+  "$bin" bench --url http://127.0.0.1:8090 --concurrency ${LEVELS2:-256,512} --duration-per-level ${DUR:-12s} --warmup 4 \
+    --format pcm --quiet --label "two groups of one GPU" --out "${BENCH_OUT2:-$logs/bench-two}"
+  kill -TERM $pid; wait $pid
+}
+
 for step in "$@"; do "$step"; done
