@@ -68,7 +68,9 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		}
 		defer cuda.Destroy()
 		// The instance sees only its group's GPUs (CUDA_VISIBLE_DEVICES), so device 0 is the group's first GPU.
-		o := map[string]string{"device_id": strconv.Itoa(device)}
+		// HEURISTIC: with exhaustive search (ONNX Runtime's default) cuDNN benchmarks every
+		// convolution again for each new frame count, which streaming chunks keep producing.
+		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "HEURISTIC"}
 		for k, v := range rest {
 			o[k] = v
 		}

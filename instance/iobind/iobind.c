@@ -1,5 +1,6 @@
 #include "iobind.h"
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -8,16 +9,26 @@ static OrtEnv* env = NULL;
 static OrtMemoryInfo* host_mem = NULL;
 
 // The CUDA runtime, loaded on first use (the CUDA provider has already loaded it).
+// Copies run on a stream of our own and wait only for it: a device-wide synchronisation, or work on
+// the legacy default stream, is refused while ONNX Runtime or cuDNN capture a CUDA graph on another
+// thread, and would stall the other sessions on the GPU anyway.
 typedef int (*cudaSetDevice_t)(int);
-typedef int (*cudaMemcpy2D_t)(void*, size_t, const void*, size_t, size_t, size_t, int);
-typedef int (*cudaMemset_t)(void*, int, size_t);
-typedef int (*cudaDeviceSynchronize_t)(void);
+typedef int (*cudaMemcpy2DAsync_t)(void*, size_t, const void*, size_t, size_t, size_t, int, void*);
+typedef int (*cudaMemsetAsync_t)(void*, int, size_t, void*);
+typedef int (*cudaStreamCreateWithFlags_t)(void**, unsigned int);
+typedef int (*cudaStreamSynchronize_t)(void*);
+typedef int (*cudaThreadExchangeStreamCaptureMode_t)(int*);
 typedef const char* (*cudaGetErrorString_t)(int);
 static cudaSetDevice_t cu_set_device;
-static cudaMemcpy2D_t cu_memcpy2d;
-static cudaMemset_t cu_memset;
-static cudaDeviceSynchronize_t cu_sync;
+static cudaMemcpy2DAsync_t cu_memcpy2d;
+static cudaMemsetAsync_t cu_memset;
+static cudaStreamCreateWithFlags_t cu_stream_create;
+static cudaStreamSynchronize_t cu_stream_sync;
+static cudaThreadExchangeStreamCaptureMode_t cu_capture_mode;
 static cudaGetErrorString_t cu_err;
+#define VX_MAX_DEVICES 64
+static void* streams[VX_MAX_DEVICES];
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static char* msg(const char* what, const char* detail) {
 	size_t n = strlen(what) + (detail ? strlen(detail) : 0) + 3;
@@ -55,11 +66,14 @@ static char* load_cudart(void) {
 	for (int i = 0; names[i] && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_GLOBAL);
 	if (!h) return msg("dlopen libcudart", dlerror());
 	cu_set_device = (cudaSetDevice_t)dlsym(h, "cudaSetDevice");
-	cu_memcpy2d = (cudaMemcpy2D_t)dlsym(h, "cudaMemcpy2D");
-	cu_memset = (cudaMemset_t)dlsym(h, "cudaMemset");
-	cu_sync = (cudaDeviceSynchronize_t)dlsym(h, "cudaDeviceSynchronize");
+	cu_memcpy2d = (cudaMemcpy2DAsync_t)dlsym(h, "cudaMemcpy2DAsync");
+	cu_memset = (cudaMemsetAsync_t)dlsym(h, "cudaMemsetAsync");
+	cu_stream_create = (cudaStreamCreateWithFlags_t)dlsym(h, "cudaStreamCreateWithFlags");
+	cu_stream_sync = (cudaStreamSynchronize_t)dlsym(h, "cudaStreamSynchronize");
+	cu_capture_mode = (cudaThreadExchangeStreamCaptureMode_t)dlsym(h, "cudaThreadExchangeStreamCaptureMode");
 	cu_err = (cudaGetErrorString_t)dlsym(h, "cudaGetErrorString");
-	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_sync || !cu_err) return msg("libcudart", "missing symbols");
+	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err)
+		return msg("libcudart", "missing symbols");
 	return NULL;
 }
 
@@ -168,24 +182,47 @@ static char* cuda_check(int rc, const char* what) {
 	return msg(what, cu_err(rc));
 }
 
+// cuda_begin makes device current and returns its stream, in relaxed capture mode so that another
+// thread's graph capture does not forbid our calls; cuda_end restores the mode.
+static char* cuda_begin(int device, void** stream, int* mode) {
+	if (device < 0 || device >= VX_MAX_DEVICES) return msg("device index out of range", NULL);
+	*mode = 2; // cudaStreamCaptureModeRelaxed
+	char* e = cuda_check(cu_capture_mode(mode), "cudaThreadExchangeStreamCaptureMode");
+	if (e) return e;
+	if ((e = cuda_check(cu_set_device(device), "cudaSetDevice"))) return e;
+	pthread_mutex_lock(&streams_mu);
+	if (!streams[device]) e = cuda_check(cu_stream_create(&streams[device], 1 /* cudaStreamNonBlocking */), "cudaStreamCreate");
+	*stream = streams[device];
+	pthread_mutex_unlock(&streams_mu);
+	return e;
+}
+
+static char* cuda_end(void* stream, int mode, char* e) {
+	if (!e && stream) e = cuda_check(cu_stream_sync(stream), "cudaStreamSynchronize");
+	cu_capture_mode(&mode);
+	return e;
+}
+
 char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
 	if (width == 0 || height == 0) return NULL;
 	if (!cuda) {
 		for (size_t i = 0; i < height; i++) memcpy((char*)dst + i * dpitch, (const char*)src + i * spitch, width);
 		return NULL;
 	}
-	char* e = cuda_check(cu_set_device(device), "cudaSetDevice");
-	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */), "cudaMemcpy2D");
-	// ONNX Runtime runs on its own stream: finish the copy before the next run reads it.
-	if (!e) e = cuda_check(cu_sync(), "cudaDeviceSynchronize");
-	return e;
+	void* stream = NULL;
+	int mode;
+	char* e = cuda_begin(device, &stream, &mode);
+	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
+	// The copy is complete before the next ONNX Runtime run reads it.
+	return cuda_end(stream, mode, e);
 }
 
 char* vx_zero(int cuda, int device, void* dst, size_t bytes) {
 	if (bytes == 0) return NULL;
 	if (!cuda) { memset(dst, 0, bytes); return NULL; }
-	char* e = cuda_check(cu_set_device(device), "cudaSetDevice");
-	if (!e) e = cuda_check(cu_memset(dst, 0, bytes), "cudaMemset");
-	if (!e) e = cuda_check(cu_sync(), "cudaDeviceSynchronize");
-	return e;
+	void* stream = NULL;
+	int mode;
+	char* e = cuda_begin(device, &stream, &mode);
+	if (!e) e = cuda_check(cu_memset(dst, 0, bytes, stream), "cudaMemsetAsync");
+	return cuda_end(stream, mode, e);
 }
