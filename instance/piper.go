@@ -46,15 +46,8 @@ func openPiper(cfg LoadConfig) (*PiperRunner, Description, error) {
 			return nil, Description{}, fmt.Errorf("piper voice config %s: espeak.voice: %w", f.ConfigPath, err)
 		}
 	}
-	if cfg.Provider == "cuda" {
-		// Every sentence has its own length, so cuDNN's default exhaustive search would run again
-		// for almost every request; Piper itself picks HEURISTIC for the same reason.
-		opts := map[string]string{"cudnn_conv_algo_search": "HEURISTIC"}
-		for k, v := range cfg.ProviderOptions {
-			opts[k] = v
-		}
-		cfg.ProviderOptions = opts
-	}
+	// On CUDA the runtime's default cuDNN search (a fixed algorithm) suits sentences of every
+	// length; see newRuntime.
 	rt, err := newRuntime(cfg, 0) // voices run on the group's first GPU
 	if err != nil {
 		return nil, Description{}, err

@@ -68,9 +68,11 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		}
 		defer cuda.Destroy()
 		// The instance sees only its group's GPUs (CUDA_VISIBLE_DEVICES), so device 0 is the group's first GPU.
-		// HEURISTIC: with exhaustive search (ONNX Runtime's default) cuDNN benchmarks every
-		// convolution again for each new frame count, which streaming chunks keep producing.
-		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "HEURISTIC"}
+		// DEFAULT (a fixed algorithm): with EXHAUSTIVE, ONNX Runtime's default, cuDNN benchmarks
+		// every convolution again for each new frame count, which streaming chunks keep producing;
+		// HEURISTIC failed to initialise cuDNN's frontend for a dilated convolution of the
+		// benchmark vocoder (ORT 1.29, cuDNN 9.14, H200). provider_options can choose another.
+		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "DEFAULT"}
 		for k, v := range rest {
 			o[k] = v
 		}
