@@ -17,9 +17,9 @@ run: deps ort build
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 
-test: deps ort consul
-	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 15m ./...
+# Installs what is missing (Debian packages, ONNX Runtime, a Consul agent) and runs every test.
+test:
+	GO=$(GO) scripts/test.sh
 
 build:
 	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/voxmux

@@ -33,6 +33,9 @@ func consulBinary(t *testing.T) string {
 			return p
 		}
 	}
+	if os.Getenv("VOXMUX_REQUIRE_CONSUL") != "" {
+		t.Fatalf("no consul binary on PATH or at %s, and VOXMUX_REQUIRE_CONSUL is set", p)
+	}
 	t.Skipf("no consul binary on PATH or at %s: run scripts/install-consul.sh (make test does)", p)
 	return ""
 }

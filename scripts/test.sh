@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# What `make test` runs: installs what the tests need, then runs them all. The Consul agent is built
+# from source (minutes), so it builds in the background while the other tests run; the tests that
+# need it run last and fail, rather than skip, if it is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+scripts/install-deps.sh
+scripts/install-onnxruntime.sh third_party/onnxruntime
+consul_log=$(mktemp)
+scripts/install-consul.sh > "$consul_log" 2>&1 &
+consul_pid=$!
+trap 'kill $consul_pid 2>/dev/null || true' EXIT
+consul_tests='WithRealConsulAgent|WithRealAgent'
+$GO vet ./...
+$GO test -race -count=1 -timeout 15m -skip "$consul_tests" ./...
+echo "test.sh: waiting for the Consul agent build ($consul_log)"
+if ! wait $consul_pid; then
+  cat "$consul_log"
+  exit 1
+fi
+trap - EXIT
+VOXMUX_REQUIRE_CONSUL=1 $GO test -race -count=1 -timeout 10m -run "$consul_tests" ./health/
