@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unicode/utf8"
 )
 
@@ -21,6 +22,7 @@ type Engine struct {
 	flowQ                 *queue[*flowItem]
 	vocQ                  *queue[*vocItem]
 	done                  chan struct{}
+	stats                 stats
 	wg                    sync.WaitGroup
 	once                  sync.Once
 }
@@ -42,6 +44,9 @@ func NewEngine(p *Pipeline) *Engine {
 	go e.vocoderLoop()
 	return e
 }
+
+// Stats reports what each stage has done since the engine started.
+func (e *Engine) Stats() map[string]StageStats { return e.stats.snapshot() }
 
 // Close stops the loops (requests still running fail) and frees the pipeline.
 func (e *Engine) Close() error {
@@ -234,7 +239,9 @@ func (e *Engine) lmLoop() {
 				rows[i] = s.row
 				tokens[i] = s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset
 			}
+			t0 := time.Now()
 			logits, err := dec.step(rows, tokens)
+			e.stats.add(StageDecode, len(rows), t0)
 			if err != nil {
 				fail(err)
 			} else {
@@ -256,7 +263,9 @@ func (e *Engine) lmLoop() {
 			for i, s := range fresh {
 				prompts[i] = s.prompt
 			}
+			t0 := time.Now()
 			rows, logits, err := dec.join(prompts)
+			e.stats.add(StagePrefill, len(prompts), t0)
 			for i, s := range fresh {
 				switch {
 				case err != nil:
@@ -341,7 +350,9 @@ func (e *Engine) flowLoop() {
 			f0 := it.firstToken * R
 			jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
 		}
+		t0 := time.Now()
 		mels, err := e.p.flow.run(jobs)
+		e.stats.add(StageFlow, len(jobs), t0)
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(err)
@@ -388,7 +399,9 @@ func (e *Engine) vocoderLoop() {
 		for i, it := range items {
 			mels[i] = it.mel
 		}
+		t0 := time.Now()
 		audio, err := e.p.voc.run(mels)
+		e.stats.add(StageVocoder, len(mels), t0)
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(fmt.Errorf("vocoder: %w", err))

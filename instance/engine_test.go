@@ -70,6 +70,12 @@ func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 	if n := len(pcm) / perTok; n < minTok || n > maxTok {
 		t.Fatalf("%d speech tokens, want %d..%d", n, minTok, maxTok)
 	}
+	st := e.Stats()
+	for _, stage := range []string{StagePrefill, StageDecode, StageFlow, StageVocoder} {
+		if st[stage].Runs == 0 || st[stage].Items < st[stage].Runs {
+			t.Errorf("stage %s: %+v", stage, st[stage])
+		}
+	}
 	var sum float64
 	for _, v := range pcm {
 		if math.IsNaN(float64(v)) || v < -1 || v > 1 {

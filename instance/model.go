@@ -115,6 +115,19 @@ func (r *replicas) Synthesize(ctx context.Context, req Request, emit func(Chunk)
 	return r.engines[best].Synthesize(ctx, req, emit)
 }
 
+// Stats adds up the replicas' statistics.
+func (r *replicas) Stats() map[string]StageStats {
+	out := map[string]StageStats{}
+	for _, e := range r.engines {
+		for k, v := range e.Stats() {
+			o := out[k]
+			o.Runs, o.Items, o.Busy = o.Runs+v.Runs, o.Items+v.Items, o.Busy+v.Busy
+			out[k] = o
+		}
+	}
+	return out
+}
+
 func (r *replicas) Close() error {
 	var errs []error
 	for _, e := range r.engines {

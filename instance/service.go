@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Service is the instance process's side of the router contract: it loads one pipeline and runs
@@ -18,6 +20,45 @@ type Service struct {
 	slots    chan struct{}
 	inflight atomic.Int64
 	env      func(string) string
+	stop     chan struct{}
+}
+
+// statser is a Runner that reports per-stage statistics (the staged engine).
+type statser interface {
+	Stats() map[string]StageStats
+}
+
+// logStats writes the engine's per-stage figures every interval while it is busy: where the
+// time goes (the profile behind the benchmark reports).
+func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var last map[string]StageStats
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		now := r.Stats()
+		var attrs []any
+		for _, stage := range []string{StagePrefill, StageDecode, StageFlow, StageVocoder} {
+			d := now[stage]
+			p := last[stage]
+			runs := d.Runs - p.Runs
+			if runs == 0 {
+				continue
+			}
+			items := d.Items - p.Items
+			attrs = append(attrs, stage, fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
+				runs, float64(items)/float64(runs), 100*(d.Busy-p.Busy).Seconds()/interval.Seconds(),
+				float64((d.Busy-p.Busy).Milliseconds())/float64(runs)))
+		}
+		if len(attrs) > 0 {
+			slog.Info("engine stats", attrs...)
+		}
+		last = now
+	}
 }
 
 // NewService makes an empty service; getenv is how it reads what the router set in its environment.
@@ -38,7 +79,10 @@ func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
 	if n <= 0 {
 		n = 16
 	}
-	s.e, s.slots = r, make(chan struct{}, n)
+	s.e, s.slots, s.stop = r, make(chan struct{}, n), make(chan struct{})
+	if st, ok := r.(statser); ok {
+		go logStats(st, 10*time.Second, s.stop)
+	}
 	s.info = Info{
 		Model:              desc.Name,
 		SampleRate:         desc.SampleRate,
@@ -93,6 +137,7 @@ func (s *Service) Close() error {
 	if s.e == nil {
 		return nil
 	}
+	close(s.stop)
 	err := s.e.Close()
 	s.e = nil
 	return err
