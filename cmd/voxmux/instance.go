@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,21 +26,7 @@ func instanceCmd() *cobra.Command {
 				fmt.Fprintln(os.Stderr, "voxmux instance is started by 'voxmux serve' for each GPU group; it is not meant to be run by hand.\nRun: voxmux serve --config configs/cpu.yaml")
 				os.Exit(2)
 			}
-			// go-plugin reads these keys from the instance's stderr and re-logs the lines at their level.
-			slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{
-				ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
-					switch a.Key {
-					case slog.TimeKey:
-						a.Key = "@timestamp"
-					case slog.LevelKey:
-						a.Key = "@level"
-						a.Value = slog.StringValue(map[string]string{"DEBUG": "debug", "INFO": "info", "WARN": "warn", "ERROR": "error"}[a.Value.String()])
-					case slog.MessageKey:
-						a.Key = "@message"
-					}
-					return a
-				},
-			})))
+			slog.SetDefault(slog.New(instanceLogHandler(os.Stderr)))
 			go exitWithParent(os.Getppid())
 			svc := instance.NewService(os.Getenv)
 			defer svc.Close()
@@ -58,3 +46,27 @@ func exitWithParent(ppid int) {
 		}
 	}
 }
+
+// instanceLogHandler writes JSON lines in hclog's shape, which go-plugin parses from the
+// instance's stderr and re-logs in the router at their level; a line it cannot parse (another
+// time layout, say) would only reach the router's debug log.
+func instanceLogHandler(w io.Writer) slog.Handler {
+	return slog.NewJSONHandler(w, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			switch a.Key {
+			case slog.TimeKey:
+				a.Key = "@timestamp"
+				a.Value = slog.StringValue(a.Value.Time().Format(hclogTime))
+			case slog.LevelKey:
+				a.Key = "@level"
+				a.Value = slog.StringValue(strings.ToLower(a.Value.String()))
+			case slog.MessageKey:
+				a.Key = "@message"
+			}
+			return a
+		},
+	})
+}
+
+// hclogTime is the only timestamp layout go-plugin accepts in a plugin's log line.
+const hclogTime = "2006-01-02T15:04:05.000000Z07:00"
