@@ -108,6 +108,11 @@ func (g *Group) Drain(ctx context.Context) error {
 	g.mu.Lock()
 	g.draining = true
 	g.mu.Unlock()
+	return g.WaitIdle(ctx)
+}
+
+// WaitIdle waits until the group has no request in flight, or ctx ends.
+func (g *Group) WaitIdle(ctx context.Context) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for g.Inflight() > 0 {
@@ -158,6 +163,12 @@ func (g *Group) Restart(ctx context.Context, drainTimeout time.Duration, force b
 		return err
 	}
 	// A drain that timed out still restarts: the stragglers fail, which the client can detect.
+	return g.RestartInstances(ctx)
+}
+
+// RestartInstances replaces every instance process of the group, all at once, and waits until
+// each is ready again or has failed.
+func (g *Group) RestartInstances(ctx context.Context) error {
 	var wg sync.WaitGroup
 	errs := make([]error, len(g.Backends))
 	for i, b := range g.Backends {

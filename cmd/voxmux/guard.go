@@ -64,24 +64,11 @@ func (g *guard) recover(grp *router.Group) {
 	if g.cfg.Health.Restart() {
 		// Let in-flight requests finish or fail, then replace the instance processes.
 		dctx, cancel := context.WithTimeout(g.ctx, g.cfg.Shutdown.DrainTimeout.Std())
-		for grp.Inflight() > 0 && dctx.Err() == nil {
-			time.Sleep(50 * time.Millisecond)
-		}
+		_ = grp.WaitIdle(dctx) // stragglers past the drain timeout fail, visibly to their clients
 		cancel()
-		var wg sync.WaitGroup
-		for _, b := range grp.Backends {
-			if b.Member == nil {
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := b.Member.Restart(g.ctx); err != nil {
-					g.log.Warn("restart of unhealthy group's instance", "instance", b.Name, "error", err)
-				}
-			}()
+		if err := grp.RestartInstances(g.ctx); err != nil {
+			g.log.Warn("restart of an unhealthy group", "group", grp.Name, "error", err)
 		}
-		wg.Wait()
 	}
 	rec := recoveryConfig(g.cfg.Health)
 	rec.Probe = func(ctx context.Context) error {
