@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unicode/utf8"
 )
 
@@ -23,6 +24,34 @@ type Engine struct {
 	done                  chan struct{}
 	wg                    sync.WaitGroup
 	once                  sync.Once
+	stats                 [numStages]stageCounter
+}
+
+// The engine's batched stages, in StageStats' names.
+const (
+	stageLMPrefill = iota
+	stageLMDecode
+	stageFlow
+	stageVocoder
+	numStages
+)
+
+var stageNames = [numStages]string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+
+type stageCounter struct{ batches, items atomic.Uint64 }
+
+func (e *Engine) count(stage, items int) {
+	e.stats[stage].batches.Add(1)
+	e.stats[stage].items.Add(uint64(items))
+}
+
+// Stats counts each stage's batches and the items they carried since the engine started.
+func (e *Engine) Stats() []StageStats {
+	out := make([]StageStats, numStages)
+	for i := range out {
+		out[i] = StageStats{Stage: stageNames[i], Batches: e.stats[i].batches.Load(), Items: e.stats[i].items.Load()}
+	}
+	return out
 }
 
 // NewEngine starts the engine's loops over p.
@@ -235,6 +264,7 @@ func (e *Engine) lmLoop() {
 				tokens[i] = s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset
 			}
 			logits, err := dec.step(rows, tokens)
+			e.count(stageLMDecode, len(rows))
 			if err != nil {
 				fail(err)
 			} else {
@@ -257,6 +287,7 @@ func (e *Engine) lmLoop() {
 				prompts[i] = s.prompt
 			}
 			rows, logits, err := dec.join(prompts)
+			e.count(stageLMPrefill, len(prompts))
 			for i, s := range fresh {
 				switch {
 				case err != nil:
@@ -342,6 +373,7 @@ func (e *Engine) flowLoop() {
 			jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
 		}
 		mels, err := e.p.flow.run(jobs)
+		e.count(stageFlow, len(jobs))
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(err)
@@ -389,6 +421,7 @@ func (e *Engine) vocoderLoop() {
 			mels[i] = it.mel
 		}
 		audio, err := e.p.voc.run(mels)
+		e.count(stageVocoder, len(mels))
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(fmt.Errorf("vocoder: %w", err))

@@ -83,7 +83,11 @@ func (s *Service) Health(context.Context) (Health, error) {
 	if s.engine() == nil {
 		return Health{Ready: false, Message: "no pipeline loaded"}, nil
 	}
-	return Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}, nil
+	h := Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
+	if st, ok := s.engine().(interface{ Stats() []StageStats }); ok {
+		h.Stages = st.Stats()
+	}
+	return h, nil
 }
 
 // Close stops the engine and frees the pipeline.
