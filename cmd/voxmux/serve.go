@@ -164,8 +164,12 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		stop()
 		return err
 	}
-	log.Info("ready", "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
-		"http://"+ln.Addr().String(), model.Name, model.Voices[0]))
+	auth := ""
+	if len(apiKeys) > 0 {
+		auth = `-H "Authorization: Bearer $KEY" `
+	}
+	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
+		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
