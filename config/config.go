@@ -42,6 +42,11 @@ type Config struct {
 	Health Health `yaml:"health"`
 	// Consul registers the router in a Consul agent when enabled (config/health.go).
 	Consul Consul `yaml:"consul"`
+	// ModelAliases are other names clients may send as "model"; nil (the key left out) means
+	// DefaultModelAliases (config/api.go).
+	ModelAliases *[]string `yaml:"model_aliases"`
+	// APIKeys, when set, makes /v1/* require Authorization: Bearer KEY (config/api.go).
+	APIKeys APIKeys `yaml:"api_keys"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -200,7 +205,10 @@ func (c *Config) validate() error {
 	if err := c.validateOps(); err != nil {
 		return err
 	}
-	return c.validateHealth()
+	if err := c.validateHealth(); err != nil {
+		return err
+	}
+	return c.validateAPI()
 }
 
 // CheckGPUs rejects GPU indices the host does not have (count from NVML, when it can list them).

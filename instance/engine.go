@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 )
@@ -22,9 +23,42 @@ type Engine struct {
 	flowQ                 *queue[*flowItem]
 	vocQ                  *queue[*vocItem]
 	done                  chan struct{}
-	stats                 stats
 	wg                    sync.WaitGroup
 	once                  sync.Once
+	stats                 [numStages]stageCounter
+}
+
+// The engine's batched stages, in StageStats' names.
+const (
+	stageLMPrefill = iota
+	stageLMDecode
+	stageFlow
+	stageVocoder
+	numStages
+)
+
+var stageNames = [numStages]string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+
+type stageCounter struct {
+	batches, items atomic.Uint64
+	busy           atomic.Int64 // nanoseconds
+}
+
+// count records one run of stage that carried items and began at since.
+func (e *Engine) count(stage, items int, since time.Time) {
+	e.stats[stage].batches.Add(1)
+	e.stats[stage].items.Add(uint64(items))
+	e.stats[stage].busy.Add(int64(time.Since(since)))
+}
+
+// Stats counts each stage's batches and the items they carried since the engine started.
+func (e *Engine) Stats() []StageStats {
+	out := make([]StageStats, numStages)
+	for i := range out {
+		out[i] = StageStats{Stage: stageNames[i], Batches: e.stats[i].batches.Load(), Items: e.stats[i].items.Load(),
+			Busy: time.Duration(e.stats[i].busy.Load())}
+	}
+	return out
 }
 
 // NewEngine starts the engine's loops over p.
@@ -44,9 +78,6 @@ func NewEngine(p *Pipeline) *Engine {
 	go e.vocoderLoop()
 	return e
 }
-
-// Stats reports what each stage has done since the engine started.
-func (e *Engine) Stats() map[string]StageStats { return e.stats.snapshot() }
 
 // Close stops the loops (requests still running fail) and frees the pipeline.
 func (e *Engine) Close() error {
@@ -241,7 +272,7 @@ func (e *Engine) lmLoop() {
 			}
 			t0 := time.Now()
 			logits, err := dec.step(rows, tokens)
-			e.stats.add(StageDecode, len(rows), t0)
+			e.count(stageLMDecode, len(rows), t0)
 			if err != nil {
 				fail(err)
 			} else {
@@ -265,7 +296,7 @@ func (e *Engine) lmLoop() {
 			}
 			t0 := time.Now()
 			rows, logits, err := dec.join(prompts)
-			e.stats.add(StagePrefill, len(prompts), t0)
+			e.count(stageLMPrefill, len(prompts), t0)
 			for i, s := range fresh {
 				switch {
 				case err != nil:
@@ -352,7 +383,7 @@ func (e *Engine) flowLoop() {
 		}
 		t0 := time.Now()
 		mels, err := e.p.flow.run(jobs)
-		e.stats.add(StageFlow, len(jobs), t0)
+		e.count(stageFlow, len(jobs), t0)
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(err)
@@ -401,7 +432,7 @@ func (e *Engine) vocoderLoop() {
 		}
 		t0 := time.Now()
 		audio, err := e.p.voc.run(mels)
-		e.stats.add(StageVocoder, len(mels), t0)
+		e.count(stageVocoder, len(mels), t0)
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(fmt.Errorf("vocoder: %w", err))

@@ -70,10 +70,9 @@ func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 	if n := len(pcm) / perTok; n < minTok || n > maxTok {
 		t.Fatalf("%d speech tokens, want %d..%d", n, minTok, maxTok)
 	}
-	st := e.Stats()
-	for _, stage := range []string{StagePrefill, StageDecode, StageFlow, StageVocoder} {
-		if st[stage].Runs == 0 || st[stage].Items < st[stage].Runs {
-			t.Errorf("stage %s: %+v", stage, st[stage])
+	for _, st := range e.Stats() {
+		if st.Batches == 0 || st.Items < st.Batches || st.Busy <= 0 {
+			t.Errorf("stage %s: %+v", st.Stage, st)
 		}
 	}
 	var sum float64
@@ -187,4 +186,47 @@ func TestTakeBatch(t *testing.T) {
 	if len(take) != 1 {
 		t.Fatal("an item over the budget never runs")
 	}
+}
+
+// The stage counters count what ran: one prefill item per request, one flow and one vocoder item
+// per chunk, and batches that carry at least one item each.
+func TestEngineStats(t *testing.T) {
+	e := NewEngine(tinyPipeline(t))
+	defer e.Close()
+	texts := []string{"Hello world.", "A somewhat longer sentence, to be spoken while others run.", "Hi there"}
+	var mu sync.Mutex
+	chunks := 0
+	var wg sync.WaitGroup
+	for _, text := range texts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := e.Synthesize(ctx, Request{Text: text}, func(Chunk) error {
+				mu.Lock()
+				chunks++
+				mu.Unlock()
+				return nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	got := map[string]StageStats{}
+	for _, s := range e.Stats() {
+		got[s.Stage] = s
+		if s.Batches == 0 || s.Items < s.Batches {
+			t.Errorf("%s: %d batches carrying %d items", s.Stage, s.Batches, s.Items)
+		}
+	}
+	if got["lm_prefill"].Items != uint64(len(texts)) {
+		t.Errorf("lm_prefill items %d, want one per request (%d)", got["lm_prefill"].Items, len(texts))
+	}
+	if got["flow"].Items != uint64(chunks) || got["vocoder"].Items != uint64(chunks) {
+		t.Errorf("flow %d and vocoder %d items, want one per chunk (%d)", got["flow"].Items, got["vocoder"].Items, chunks)
+	}
+	t.Logf("%+v", e.Stats())
 }

@@ -22,6 +22,9 @@ type Description struct {
 	// NativeSpeed is true when the model applies the request's speed itself (piper: through
 	// length_scale), so the router must not time-stretch its audio.
 	NativeSpeed bool
+	// Instructions is true when the model follows a request's "instructions" (no kind served
+	// today does; the router drops them for the others).
+	Instructions bool
 }
 
 // Describe reads the model at path (without loading any graph) and checks it can be served. The
@@ -115,14 +118,17 @@ func (r *replicas) Synthesize(ctx context.Context, req Request, emit func(Chunk)
 	return r.engines[best].Synthesize(ctx, req, emit)
 }
 
-// Stats adds up the replicas' statistics.
-func (r *replicas) Stats() map[string]StageStats {
-	out := map[string]StageStats{}
+// Stats adds up the engines' stage counters.
+func (r *replicas) Stats() []StageStats {
+	var out []StageStats
 	for _, e := range r.engines {
-		for k, v := range e.Stats() {
-			o := out[k]
-			o.Runs, o.Items, o.Busy = o.Runs+v.Runs, o.Items+v.Items, o.Busy+v.Busy
-			out[k] = o
+		for i, st := range e.Stats() {
+			if i == len(out) {
+				out = append(out, StageStats{Stage: st.Stage})
+			}
+			out[i].Batches += st.Batches
+			out[i].Items += st.Items
+			out[i].Busy += st.Busy
 		}
 	}
 	return out

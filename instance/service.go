@@ -25,7 +25,7 @@ type Service struct {
 
 // statser is a Runner that reports per-stage statistics (the staged engine).
 type statser interface {
-	Stats() map[string]StageStats
+	Stats() []StageStats
 }
 
 // logStats writes the engine's per-stage figures every interval while it is busy: where the
@@ -33,31 +33,29 @@ type statser interface {
 func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	var last map[string]StageStats
+	last := map[string]StageStats{}
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
 		}
-		now := r.Stats()
 		var attrs []any
-		for _, stage := range []string{StagePrefill, StageDecode, StageFlow, StageVocoder} {
-			d := now[stage]
-			p := last[stage]
-			runs := d.Runs - p.Runs
+		for _, d := range r.Stats() {
+			p := last[d.Stage]
+			last[d.Stage] = d
+			runs := d.Batches - p.Batches
 			if runs == 0 {
 				continue
 			}
-			items := d.Items - p.Items
-			attrs = append(attrs, stage, fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
-				runs, float64(items)/float64(runs), 100*(d.Busy-p.Busy).Seconds()/interval.Seconds(),
-				float64((d.Busy-p.Busy).Milliseconds())/float64(runs)))
+			busy := d.Busy - p.Busy
+			attrs = append(attrs, d.Stage, fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
+				runs, float64(d.Items-p.Items)/float64(runs), 100*busy.Seconds()/interval.Seconds(),
+				float64(busy.Milliseconds())/float64(runs)))
 		}
 		if len(attrs) > 0 {
 			slog.Info("engine stats", attrs...)
 		}
-		last = now
 	}
 }
 
@@ -127,7 +125,11 @@ func (s *Service) Health(context.Context) (Health, error) {
 	if s.engine() == nil {
 		return Health{Ready: false, Message: "no pipeline loaded"}, nil
 	}
-	return Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}, nil
+	h := Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
+	if st, ok := s.engine().(statser); ok {
+		h.Stages = st.Stats()
+	}
+	return h, nil
 }
 
 // Close stops the engine and frees the pipeline.

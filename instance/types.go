@@ -12,6 +12,9 @@ type Request struct {
 	Speed float32
 	// Seed picks the flow's starting noise; equal requests with equal seeds give equal audio.
 	Seed uint64
+	// Instructions (OpenAI's: tone, accent, pace) reach only models whose Description says
+	// they take them.
+	Instructions string
 }
 
 // Chunk is a piece of mono float32 audio, in order.
@@ -53,6 +56,17 @@ type Health struct {
 	Ready    bool
 	Message  string
 	Inflight int
+	// Stages count the batched runs of each pipeline stage since the process started (empty for
+	// models whose runner does not batch).
+	Stages []StageStats
+}
+
+// StageStats counts one stage's runs: Items/Batches is its mean batch size.
+type StageStats struct {
+	Stage   string // lm_prefill, lm_decode, flow, vocoder
+	Batches uint64 // runs of the stage's graph
+	Items   uint64 // requests (sequences, chunks) those runs carried
+	Busy    time.Duration
 }
 
 // ErrorKind tells the router what to do with a failed request.

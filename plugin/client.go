@@ -49,7 +49,7 @@ func (c *grpcClient) Load(ctx context.Context, cfg instance.LoadConfig) (instanc
 func (c *grpcClient) Synthesize(ctx context.Context, req instance.Request, emit func(instance.Chunk) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the server's stream when emit fails
-	st, err := c.c.Synthesize(ctx, &proto.SynthesizeRequest{RequestId: req.ID, Text: req.Text, Voice: req.Voice, Speed: req.Speed, Seed: req.Seed})
+	st, err := c.c.Synthesize(ctx, &proto.SynthesizeRequest{RequestId: req.ID, Text: req.Text, Voice: req.Voice, Speed: req.Speed, Seed: req.Seed, Instructions: req.Instructions})
 	if err != nil {
 		return fromStatus(err)
 	}
@@ -72,7 +72,11 @@ func (c *grpcClient) Health(ctx context.Context) (instance.Health, error) {
 	if err != nil {
 		return instance.Health{}, fromStatus(err)
 	}
-	return instance.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight)}, nil
+	h := instance.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight)}
+	for _, st := range r.Stages {
+		h.Stages = append(h.Stages, instance.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items})
+	}
+	return h, nil
 }
 
 // fromStatus turns a gRPC status back into the instance error kinds the router acts on.

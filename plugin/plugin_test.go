@@ -151,7 +151,7 @@ func TestSynthesizeStream(t *testing.T) {
 		{PCM: []float32{}, SampleRate: 24000, Index: 3},
 		{PCM: oddRamp(4801), SampleRate: 48000, Index: 4},
 	}
-	wantReq := instance.Request{ID: "req-42", Text: "héllo, wörld ✓", Voice: "alloy", Speed: 1.25, Seed: math.MaxUint64}
+	wantReq := instance.Request{ID: "req-42", Text: "héllo, wörld ✓", Voice: "alloy", Speed: 1.25, Seed: math.MaxUint64, Instructions: "Speak softly."}
 	var gotReq instance.Request
 	inst := connect(t, &fakeInstance{synthesize: func(_ context.Context, req instance.Request, emit func(instance.Chunk) error) error {
 		gotReq = req
@@ -408,13 +408,14 @@ func TestHealthRoundTrip(t *testing.T) {
 		{Ready: true, Message: "ok", Inflight: 5},
 		{Ready: false, Message: "no pipeline loaded", Inflight: 0},
 		{Ready: true, Message: "", Inflight: 1 << 20},
+		{Ready: true, Message: "ok", Inflight: 2, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3}}},
 	} {
 		inst := connect(t, &fakeInstance{health: func(context.Context) (instance.Health, error) { return want, nil }})
 		got, err := inst.Health(testContext(t))
 		if err != nil {
 			t.Fatalf("Health: %v", err)
 		}
-		if got != want {
+		if !reflect.DeepEqual(got, want) {
 			t.Errorf("Health = %+v, want %+v", got, want)
 		}
 	}

@@ -52,7 +52,7 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 }
 
 func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
-	req := instance.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed}
+	req := instance.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
 	err := s.impl.Synthesize(out.Context(), req, func(c instance.Chunk) error {
 		return out.Send(&proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)})
 	})
@@ -64,7 +64,11 @@ func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight)}, nil
+	resp := &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight)}
+	for _, st := range h.Stages {
+		resp.Stages = append(resp.Stages, &proto.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items})
+	}
+	return resp, nil
 }
 
 // toStatus keeps the kind of an instance error across the wire.

@@ -116,6 +116,17 @@ func (m *Member) Synthesize(ctx context.Context, req instance.Request, emit func
 	return inst.Synthesize(ctx, req, emit)
 }
 
+// Health asks the current process for its own view of itself (stage batch counters included).
+func (m *Member) Health(ctx context.Context) (instance.Health, error) {
+	m.mu.Lock()
+	inst := m.inst
+	m.mu.Unlock()
+	if inst == nil {
+		return instance.Health{}, &instance.Error{Kind: instance.ErrNotReady, Msg: fmt.Sprintf("instance %s has no process", m.spec.Name)}
+	}
+	return inst.Health(ctx)
+}
+
 // Restart replaces the process with a fresh one and waits until it is ready or has failed. A
 // failed member is started again too.
 func (m *Member) Restart(ctx context.Context) error {

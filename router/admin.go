@@ -92,8 +92,10 @@ type GroupsView struct {
 }
 
 // Groups builds the groups view.
-func (a *Admin) Groups() GroupsView {
-	p := a.o.Pool
+func (a *Admin) Groups() GroupsView { return groupsView(a.o.Pool, a.o.Extra) }
+
+// groupsView describes p's groups; extra adds fields to each (GPU health, for one).
+func groupsView(p *Pool, extra func(g *Group) map[string]any) GroupsView {
 	v := GroupsView{QueueLength: p.QueueLen(), QueueSize: p.queue.Size, Groups: []GroupView{}}
 	for _, g := range p.Groups() {
 		gv := GroupView{Name: g.Name, State: string(g.State()), Reason: g.UnhealthyReason(), GPUs: g.GPUs, Inflight: g.Inflight(), Instances: []InstanceView{}}
@@ -116,8 +118,8 @@ func (a *Admin) Groups() GroupsView {
 			gv.Restarts += iv.Restarts
 			gv.Instances = append(gv.Instances, iv)
 		}
-		if a.o.Extra != nil {
-			gv.Extra = a.o.Extra(g)
+		if extra != nil {
+			gv.Extra = extra(g)
 		}
 		v.Groups = append(v.Groups, gv)
 	}

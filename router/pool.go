@@ -61,6 +61,8 @@ type Model struct {
 	Voices     []string
 	// NativeSpeed is true when the model applies the request's speed itself.
 	NativeSpeed bool
+	// Instructions is true when the model follows a request's "instructions".
+	Instructions bool
 }
 
 // QueueOptions bound the wait for a free instance.

@@ -4,8 +4,11 @@ package router
 
 import (
 	"context"
+	"crypto/subtle"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -27,7 +30,15 @@ type Options struct {
 	RequestTimeout time.Duration
 	// ModelAliases are other names clients may send as "model" (besides the model's own).
 	ModelAliases []string
-	Logger       *slog.Logger
+	// APIKeys, when not empty, are the keys /v1/* requires as Authorization: Bearer KEY. The
+	// status page, /status.json, /metrics, /healthz and /readyz stay open.
+	APIKeys map[string]struct{}
+	// RequestMetrics records requests, latencies and the pool's figures (NewMetrics); nil records
+	// nothing.
+	RequestMetrics *Metrics
+	// GroupExtra adds fields to each group of /status.json (GPU figures, for one).
+	GroupExtra func(g *Group) map[string]any
+	Logger     *slog.Logger
 }
 
 // Server is the router's HTTP server.
@@ -36,6 +47,10 @@ type Server struct {
 	srv      *fasthttp.Server
 	draining atomic.Bool
 	metrics  fasthttp.RequestHandler
+	recent   *recentRing
+	started  time.Time
+	// keys holds the API keys as byte slices for constant-time comparison.
+	keys [][]byte
 }
 
 // New makes a Server.
@@ -46,7 +61,10 @@ func New(o Options) *Server {
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = 10 * time.Minute
 	}
-	s := &Server{o: o}
+	s := &Server{o: o, recent: newRecentRing(100), started: time.Now()}
+	for k := range o.APIKeys {
+		s.keys = append(s.keys, []byte(k))
+	}
 	if o.Metrics != nil {
 		s.metrics = fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(o.Metrics, promhttp.HandlerOpts{}))
 	}
@@ -79,6 +97,69 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // Handler routes a request.
 func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
+	route := routeOf(path)
+	if strings.HasPrefix(path, "/v1/") {
+		id := string(ctx.Request.Header.Peek("X-Request-Id"))
+		if id == "" {
+			id = newRequestID()
+		}
+		ctx.Response.Header.Set("X-Request-Id", id)
+		ctx.SetUserValue(userRequestID, id)
+		if !s.authorized(ctx) {
+			writeError(ctx, newError(fasthttp.StatusUnauthorized, "invalid_request_error", "invalid_api_key",
+				"missing or incorrect API key: send Authorization: Bearer <key>"))
+			s.o.Logger.Info("request", "request_id", id, "route", route, "status", fasthttp.StatusUnauthorized, "error", "invalid_api_key")
+			s.o.RequestMetrics.request(route, fasthttp.StatusUnauthorized, "")
+			return
+		}
+	}
+	s.route(ctx, path)
+	format, _ := ctx.UserValue(userFormat).(string)
+	s.o.RequestMetrics.request(route, ctx.Response.StatusCode(), format)
+	if route != "/v1/audio/speech" && strings.HasPrefix(path, "/v1/") {
+		s.o.Logger.Info("request", "request_id", ctx.UserValue(userRequestID), "route", route, "method", string(ctx.Method()), "status", ctx.Response.StatusCode())
+	}
+}
+
+// Keys of the request's user values.
+const (
+	userRequestID = "voxmux.request_id"
+	userFormat    = "voxmux.format"
+)
+
+// routes are the paths that get their own label in voxmux_requests_total.
+var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/readyz"}
+
+func routeOf(path string) string {
+	if strings.HasPrefix(path, "/v1/models/") {
+		return "/v1/models"
+	}
+	if strings.HasPrefix(path, "/status/") {
+		return "/"
+	}
+	if slices.Contains(routes, path) {
+		return path
+	}
+	return "other"
+}
+
+// authorized checks the bearer key against every configured key in constant time.
+func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
+	if len(s.keys) == 0 {
+		return true
+	}
+	key, ok := strings.CutPrefix(string(ctx.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok {
+		return false
+	}
+	found := 0
+	for _, k := range s.keys {
+		found |= subtle.ConstantTimeCompare([]byte(key), k)
+	}
+	return found == 1
+}
+
+func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 	switch {
 	case path == "/v1/audio/speech":
 		if !ctx.IsPost() {
@@ -92,6 +173,12 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 			return
 		}
 		s.voices(ctx)
+	case path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"):
+		if !ctx.IsGet() {
+			s.methodNotAllowed(ctx, "GET")
+			return
+		}
+		s.models(ctx, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/models"), "/"))
 	case path == "/metrics" && s.metrics != nil:
 		s.metrics(ctx)
 	case path == "/healthz":
@@ -109,6 +196,9 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 		default:
 			ctx.SetBodyString("ready\n")
 		}
+	case path == "/status.json" && ctx.IsGet():
+		s.statusJSON(ctx)
+	case (path == "/" || strings.HasPrefix(path, "/status/")) && ctx.IsGet() && s.statusFile(ctx, path):
 	default:
 		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+path))
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -40,6 +41,7 @@ type speechRequest struct {
 // speechJob is a validated request.
 type speechJob struct {
 	req    instance.Request
+	model  string // as the client named it
 	format string
 	speed  float64 // applied to the audio by the router
 	sse    bool
@@ -99,7 +101,13 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	if m.Instructions {
+		job.req.Instructions = r.Instructions
+	} // else accepted and dropped: the model cannot follow them
+	if job.model == "" {
+		job.model = m.Name
+	}
 	if m.NativeSpeed {
 		// The model speaks faster or slower itself (Piper's length_scale).
 		job.req.Speed, job.speed = float32(speed), 1
@@ -136,33 +144,39 @@ func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
 
 func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
-	id := string(ctx.Request.Header.Peek("X-Request-Id"))
+	id, _ := ctx.UserValue(userRequestID).(string)
 	if id == "" {
 		id = newRequestID()
+		ctx.Response.Header.Set("X-Request-Id", id)
 	}
-	ctx.Response.Header.Set("X-Request-Id", id)
 	log := s.o.Logger.With("request_id", id)
 
 	job, aerr := s.parseSpeech(ctx.PostBody())
 	if aerr != nil {
 		log.Info("speech", "status", aerr.Status, "error", aerr.Message)
+		s.recent.add(recentRequest{At: start, Status: aerr.Status, Outcome: "invalid", TotalMillis: millis(time.Since(start))})
 		writeError(ctx, aerr)
 		return
 	}
+	ctx.SetUserValue(userFormat, job.format)
 	job.req.ID = id
+	chars := utf8.RuneCountInString(job.req.Text)
+	log = log.With("model", job.model, "voice", job.req.Voice, "format", job.format, "chars", chars)
 	rctx, cancel := context.WithTimeout(context.Background(), s.o.RequestTimeout)
 	st := s.startStream(rctx, job.req)
 	first, ok := <-st.chunks
 	if !ok {
 		cancel()
 		e := synthError(st.err)
-		log.Warn("speech", "status", e.Status, "error", st.err, "chars", utf8.RuneCountInString(job.req.Text))
+		log.Warn("speech", "status", e.Status, "error", st.err, "total_ms", time.Since(start).Milliseconds())
+		s.recent.add(recentRequest{At: start, Status: e.Status, Format: job.format, Voice: job.req.Voice, Chars: chars,
+			TotalMillis: millis(time.Since(start)), Outcome: "error"})
 		writeError(ctx, e)
 		return
 	}
 	ttfb := time.Since(start)
 	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
-	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel}
+	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel, chars: chars}
 	var w io.Writer = &body.pending
 	if job.sse {
 		w = audio.SSEWriter{W: &body.pending}
@@ -181,14 +195,23 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	body.enc = enc
 	if job.sse {
 		ctx.SetContentType("text/event-stream")
+		ctx.Response.Header.Set("Cache-Control", "no-cache")
 	} else {
 		ctx.SetContentType(audio.ContentType(job.format))
 	}
-	chars := utf8.RuneCountInString(job.req.Text)
-	body.done = func(outcome string, samples int, err error) {
-		secs := float64(samples) / float64(first.SampleRate)
-		attrs := []any{"status", 200, "format", job.format, "chars", chars, "audio_seconds", secs,
-			"ttfb_ms", ttfb.Milliseconds(), "total_ms", time.Since(start).Milliseconds(), "outcome", outcome}
+	body.secondsOf = func(samples int) float64 { return float64(samples) / float64(first.SampleRate) / job.speed }
+	body.done = func(outcome string, samples int, sent int64, err error) {
+		modelSecs := float64(samples) / float64(first.SampleRate)
+		r := recentRequest{At: start, Status: fasthttp.StatusOK, Format: job.format, Voice: job.req.Voice, Chars: chars,
+			AudioSeconds: modelSecs / job.speed, TTFBMillis: millis(ttfb), TotalMillis: millis(time.Since(start)), Outcome: outcome}
+		if outcome == "ok" && modelSecs > 0 {
+			// Synthesis time over the audio the model made (before any speed change).
+			r.RTF = st.doneAt.Sub(start).Seconds() / modelSecs
+		}
+		s.recent.add(r)
+		s.o.RequestMetrics.spoke(r, outcome, sent)
+		attrs := []any{"status", 200, "audio_seconds", r.AudioSeconds, "ttfb_ms", ttfb.Milliseconds(),
+			"total_ms", time.Since(start).Milliseconds(), "rtf", r.RTF, "bytes", sent, "outcome", outcome}
 		if err != nil {
 			log.Warn("speech", append(attrs, "error", err)...)
 			return
@@ -200,9 +223,11 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	ctx.SetBodyStream(body, -1)
 }
 
+func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
 // errCut ends a response body that failed after audio had left: fasthttp then closes the
 // connection without the final chunk, so the client sees a failed transfer, never short audio
-// that looks complete.
+// that looks complete. An SSE stream instead ends with an error event.
 var errCut = errors.New("synthesis failed mid-stream")
 
 // audioBody encodes a stream's chunks as the response body, chunk by chunk.
@@ -211,12 +236,17 @@ type audioBody struct {
 	next    *instance.Chunk
 	enc     audio.Encoder // writes into pending
 	sse     bool
+	chars   int
 	failed  error // an encoding failure; st.err belongs to the producer until chunks closes
 	pending bytes.Buffer
 	samples int
+	sent    int64
 	ended   error // io.EOF or errCut once the stream is over
-	cancel  context.CancelFunc
-	done    func(outcome string, samples int, err error)
+	// midErr is the failure an SSE stream reported in an error event (it then ends cleanly).
+	midErr    error
+	cancel    context.CancelFunc
+	secondsOf func(samples int) float64 // seconds of the audio sent for samples from the model
+	done      func(outcome string, samples int, sent int64, err error)
 }
 
 func (b *audioBody) Read(p []byte) (int, error) {
@@ -234,46 +264,78 @@ func (b *audioBody) Read(p []byte) (int, error) {
 		if c == nil {
 			b.ended = io.EOF
 			if b.st.err != nil {
-				b.ended = errCut
+				b.fail(b.st.err)
 				continue
 			}
 			// The tail of the audio and the container's trailer.
 			if err := b.enc.Close(); err != nil {
-				b.failed, b.ended = err, errCut
+				b.failed = err
+				b.fail(err)
 				continue
 			}
 			if b.sse {
-				b.pending.Write(audio.SSEDone(audio.Usage{}))
+				b.pending.Write(audio.SSEDone(b.usage()))
 			}
 			continue
 		}
 		if err := b.enc.Write(c.PCM); err != nil {
-			b.failed, b.ended = err, errCut
+			b.failed = err
+			b.fail(err)
 			continue
 		}
 		b.samples += len(c.PCM)
 	}
-	return b.pending.Read(p)
+	n, err := b.pending.Read(p)
+	b.sent += int64(n)
+	return n, err
+}
+
+// fail ends the body after a failure: an SSE stream gets an error event in OpenAI's shape and
+// ends; an audio stream is cut.
+func (b *audioBody) fail(err error) {
+	if !b.sse {
+		b.ended = errCut
+		return
+	}
+	b.midErr = err
+	b.ended = io.EOF
+	e := newError(fasthttp.StatusInternalServerError, "server_error", "synthesis_failed", "synthesis failed after audio was sent: "+err.Error())
+	ev, _ := json.Marshal(struct {
+		Type  string    `json:"type"`
+		Error *apiError `json:"error"`
+	}{"error", e})
+	b.pending.WriteString("data: ")
+	b.pending.Write(ev)
+	b.pending.WriteString("\n\n")
+}
+
+// usage is the speech.audio.done event's usage: input tokens are the input's characters, output
+// tokens the milliseconds of audio sent (docs/api.md).
+func (b *audioBody) usage() audio.Usage {
+	out := int(math.Round(b.secondsOf(b.samples) * 1000))
+	return audio.Usage{InputTokens: b.chars, OutputTokens: out, TotalTokens: b.chars + out}
 }
 
 // Close is called by fasthttp when the body is done, written or not; it stops the synthesis if the
 // client went away.
 func (b *audioBody) Close() error {
 	b.cancel()
-	if b.ended != io.EOF {
+	if b.ended != io.EOF || b.midErr != nil {
 		b.enc.Abort() // frees it; a no-op after Close
 	}
-	switch b.ended {
-	case io.EOF:
-		b.done("ok", b.samples, nil)
-	case errCut:
+	switch {
+	case b.ended == io.EOF && b.midErr != nil:
+		b.done("failed_mid_stream", b.samples, b.sent, b.midErr)
+	case b.ended == io.EOF:
+		b.done("ok", b.samples, b.sent, nil)
+	case b.ended == errCut:
 		err := b.failed
 		if err == nil {
 			err = b.st.err
 		}
-		b.done("failed_mid_stream", b.samples, err)
+		b.done("failed_mid_stream", b.samples, b.sent, err)
 	default:
-		b.done("client_gone", b.samples, errors.New("client stopped reading"))
+		b.done("client_gone", b.samples, b.sent, errors.New("client stopped reading"))
 		go func() {
 			for range b.st.chunks {
 			}
@@ -285,8 +347,9 @@ func (b *audioBody) Close() error {
 // stream carries one request's audio from an instance to the HTTP response.
 type stream struct {
 	chunks  chan instance.Chunk
-	err     error  // valid once chunks is closed
-	backend string // the instance serving it, valid once a chunk arrived
+	err     error     // valid once chunks is closed
+	doneAt  time.Time // when synthesis ended, valid once chunks is closed
+	backend string    // the instance serving it, valid once a chunk arrived
 }
 
 // startStream runs req on the least-loaded ready backend. If that backend fails before any audio
@@ -295,9 +358,12 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 	st := &stream{chunks: make(chan instance.Chunk, 4)}
 	go func() {
 		defer close(st.chunks)
+		defer func() { st.doneAt = time.Now() }()
 		var failed *Backend
 		for attempt := 0; attempt < 2; attempt++ {
+			t0 := time.Now()
 			b, err := s.o.Pool.Acquire(ctx, failed)
+			s.o.RequestMetrics.waited(time.Since(t0))
 			if err != nil {
 				if attempt == 0 {
 					st.err = err

@@ -56,6 +56,11 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	if err != nil {
 		return err
 	}
+	// Read once here and handed to the router; never logged.
+	apiKeys, err := cfg.LoadAPIKeys(os.Getenv)
+	if err != nil {
+		return err
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
@@ -73,7 +78,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	}
 	defer ln.Close()
 
-	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed},
+	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed, Instructions: model.Instructions},
 		router.QueueOptions{Size: cfg.Queue.Size, Timeout: cfg.Queue.Timeout.Std()})
 	supCtx, stopInstances := context.WithCancel(context.Background())
 	defer stopInstances()
@@ -107,18 +112,24 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		go mon.Run(supCtx)
 	}
 	watchGPUs(supCtx, mon, cfg, pool, log)
+	requestMetrics := router.NewMetrics(metrics, pool)
+	go requestMetrics.PollInstances(supCtx, 2*time.Second)
 
 	srv := router.New(router.Options{
 		Metrics:        metrics,
+		RequestMetrics: requestMetrics,
 		Pool:           pool,
 		MaxInputChars:  cfg.MaxInputChars,
 		RequestTimeout: cfg.RequestTimeout.Std(),
-		ModelAliases:   []string{"tts-1", "tts-1-hd", "gpt-4o-mini-tts"},
+		ModelAliases:   cfg.Aliases(),
+		APIKeys:        apiKeys,
+		GroupExtra:     gpuView(mon),
 		Logger:         log,
 	})
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "model", model.Name, "provider", cfg.Provider, "groups", len(cfg.Groups))
+	log.Info("listening", "addr", ln.Addr().String(), "model", model.Name, "provider", cfg.Provider, "groups", len(cfg.Groups),
+		"api_keys", len(apiKeys), "status_page", "http://"+ln.Addr().String()+"/")
 
 	var admin *router.Admin
 	if cfg.Admin.Listen != "" {
@@ -153,8 +164,12 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		stop()
 		return err
 	}
-	log.Info("ready", "try", fmt.Sprintf(`curl -s %s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
-		"http://"+ln.Addr().String(), model.Name, model.Voices[0]))
+	auth := ""
+	if len(apiKeys) > 0 {
+		auth = `-H "Authorization: Bearer $KEY" `
+	}
+	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
+		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)

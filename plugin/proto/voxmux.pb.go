@@ -279,12 +279,14 @@ func (x *Gpu) GetMemoryTotal() uint64 {
 }
 
 type SynthesizeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	Text          string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
-	Voice         string                 `protobuf:"bytes,3,opt,name=voice,proto3" json:"voice,omitempty"`
-	Speed         float32                `protobuf:"fixed32,4,opt,name=speed,proto3" json:"speed,omitempty"`
-	Seed          uint64                 `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	Text      string                 `protobuf:"bytes,2,opt,name=text,proto3" json:"text,omitempty"`
+	Voice     string                 `protobuf:"bytes,3,opt,name=voice,proto3" json:"voice,omitempty"`
+	Speed     float32                `protobuf:"fixed32,4,opt,name=speed,proto3" json:"speed,omitempty"`
+	Seed      uint64                 `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
+	// How to speak (OpenAI's "instructions"); sent only to models that declare they take it.
+	Instructions  string `protobuf:"bytes,6,opt,name=instructions,proto3" json:"instructions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -352,6 +354,13 @@ func (x *SynthesizeRequest) GetSeed() uint64 {
 		return x.Seed
 	}
 	return 0
+}
+
+func (x *SynthesizeRequest) GetInstructions() string {
+	if x != nil {
+		return x.Instructions
+	}
+	return ""
 }
 
 type AudioChunk struct {
@@ -451,10 +460,12 @@ func (*HealthRequest) Descriptor() ([]byte, []int) {
 }
 
 type HealthResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Ready         bool                   `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Inflight      uint32                 `protobuf:"varint,3,opt,name=inflight,proto3" json:"inflight,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Ready    bool                   `protobuf:"varint,1,opt,name=ready,proto3" json:"ready,omitempty"`
+	Message  string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Inflight uint32                 `protobuf:"varint,3,opt,name=inflight,proto3" json:"inflight,omitempty"`
+	// Cumulative batch counters of the pipeline's stages since the process started.
+	Stages        []*StageStats `protobuf:"bytes,4,rep,name=stages,proto3" json:"stages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -510,6 +521,73 @@ func (x *HealthResponse) GetInflight() uint32 {
 	return 0
 }
 
+func (x *HealthResponse) GetStages() []*StageStats {
+	if x != nil {
+		return x.Stages
+	}
+	return nil
+}
+
+type StageStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`      // lm_prefill, lm_decode, flow, vocoder
+	Batches       uint64                 `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"` // runs of the stage
+	Items         uint64                 `protobuf:"varint,3,opt,name=items,proto3" json:"items,omitempty"`     // requests or chunks those runs carried
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageStats) Reset() {
+	*x = StageStats{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageStats) ProtoMessage() {}
+
+func (x *StageStats) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageStats.ProtoReflect.Descriptor instead.
+func (*StageStats) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StageStats) GetStage() string {
+	if x != nil {
+		return x.Stage
+	}
+	return ""
+}
+
+func (x *StageStats) GetBatches() uint64 {
+	if x != nil {
+		return x.Batches
+	}
+	return 0
+}
+
+func (x *StageStats) GetItems() uint64 {
+	if x != nil {
+		return x.Items
+	}
+	return 0
+}
+
 var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
@@ -540,25 +618,32 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12!\n" +
-	"\fmemory_total\x18\x04 \x01(\x04R\vmemoryTotal\"\x86\x01\n" +
+	"\fmemory_total\x18\x04 \x01(\x04R\vmemoryTotal\"\xaa\x01\n" +
 	"\x11SynthesizeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
 	"\x04text\x18\x02 \x01(\tR\x04text\x12\x14\n" +
 	"\x05voice\x18\x03 \x01(\tR\x05voice\x12\x14\n" +
 	"\x05speed\x18\x04 \x01(\x02R\x05speed\x12\x12\n" +
-	"\x04seed\x18\x05 \x01(\x04R\x04seed\"`\n" +
+	"\x04seed\x18\x05 \x01(\x04R\x04seed\x12\"\n" +
+	"\finstructions\x18\x06 \x01(\tR\finstructions\"`\n" +
 	"\n" +
 	"AudioChunk\x12\x1b\n" +
 	"\tpcm_f32le\x18\x01 \x01(\fR\bpcmF32le\x12\x1f\n" +
 	"\vsample_rate\x18\x02 \x01(\rR\n" +
 	"sampleRate\x12\x14\n" +
 	"\x05index\x18\x03 \x01(\rR\x05index\"\x0f\n" +
-	"\rHealthRequest\"\\\n" +
+	"\rHealthRequest\"\x92\x01\n" +
 	"\x0eHealthResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
-	"\binflight\x18\x03 \x01(\rR\binflight2\xf1\x01\n" +
+	"\binflight\x18\x03 \x01(\rR\binflight\x124\n" +
+	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"R\n" +
+	"\n" +
+	"StageStats\x12\x14\n" +
+	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
+	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x14\n" +
+	"\x05items\x18\x03 \x01(\x04R\x05items2\xf1\x01\n" +
 	"\bInstance\x12E\n" +
 	"\x04Load\x12\x1d.voxmux.plugin.v1.LoadRequest\x1a\x1e.voxmux.plugin.v1.LoadResponse\x12Q\n" +
 	"\n" +
@@ -577,7 +662,7 @@ func file_plugin_proto_voxmux_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_voxmux_proto_rawDescData
 }
 
-var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*LoadRequest)(nil),       // 0: voxmux.plugin.v1.LoadRequest
 	(*LoadResponse)(nil),      // 1: voxmux.plugin.v1.LoadResponse
@@ -586,22 +671,24 @@ var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*AudioChunk)(nil),        // 4: voxmux.plugin.v1.AudioChunk
 	(*HealthRequest)(nil),     // 5: voxmux.plugin.v1.HealthRequest
 	(*HealthResponse)(nil),    // 6: voxmux.plugin.v1.HealthResponse
-	nil,                       // 7: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	(*StageStats)(nil),        // 7: voxmux.plugin.v1.StageStats
+	nil,                       // 8: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
-	7, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	8, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 	2, // 1: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
-	0, // 2: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
-	3, // 3: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
-	5, // 4: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
-	1, // 5: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
-	4, // 6: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
-	6, // 7: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	7, // 2: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
+	0, // 3: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
+	3, // 4: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
+	5, // 5: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
+	1, // 6: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
+	4, // 7: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
+	6, // 8: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
+	6, // [6:9] is the sub-list for method output_type
+	3, // [3:6] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_voxmux_proto_init() }
@@ -615,7 +702,7 @@ func file_plugin_proto_voxmux_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_voxmux_proto_rawDesc), len(file_plugin_proto_voxmux_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,45 @@
+package router
+
+import (
+	"encoding/json"
+	"slices"
+
+	"github.com/valyala/fasthttp"
+)
+
+// modelInfo is one model of GET /v1/models, in OpenAI's shape.
+type modelInfo struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// models answers GET /v1/models (the served model, then its aliases, which reach the same
+// model) and GET /v1/models/{id}.
+func (s *Server) models(ctx *fasthttp.RequestCtx, id string) {
+	m := s.o.Pool.Model()
+	created := s.started.Unix()
+	list := []modelInfo{{ID: m.Name, Object: "model", Created: created, OwnedBy: "voxmux"}}
+	for _, a := range s.o.ModelAliases {
+		list = append(list, modelInfo{ID: a, Object: "model", Created: created, OwnedBy: "voxmux"})
+	}
+	var body any = struct {
+		Object string      `json:"object"`
+		Data   []modelInfo `json:"data"`
+	}{"list", list}
+	if id != "" {
+		i := slices.IndexFunc(list, func(x modelInfo) bool { return x.ID == id })
+		if i < 0 {
+			e := newError(fasthttp.StatusNotFound, "invalid_request_error", "model_not_found", "model "+id+" is not served here")
+			p := "model"
+			e.Param = &p
+			writeError(ctx, e)
+			return
+		}
+		body = list[i]
+	}
+	b, _ := json.Marshal(body)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}
