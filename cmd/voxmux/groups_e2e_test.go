@@ -155,8 +155,10 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 			t.Errorf("request failed: status %d on %q (complete %v): %v", o.status, o.instance, o.complete, o.err)
 		}
 	}
-	if served["g1/0"] == 0 || served["g0/0"] == 0 {
-		t.Fatalf("both groups should have served: %v", served)
+	// On a slow machine g0's streams may all still be running when it dies (they are cut above);
+	// what must hold is that the other group kept serving and nothing else failed.
+	if served["g1/0"] == 0 {
+		t.Fatalf("the surviving group served nothing: %v", served)
 	}
 	t.Logf("%d requests; served %v", len(results), served)
 	// The instance comes back on its own.
