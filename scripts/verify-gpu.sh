@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs voxmux's GPU checks on a GPU host and prints what they saw (used for the issues' "Verified
-# on a GPU" notes). Needs: bin/voxmux (or $VOXMUX), ONNX Runtime with the CUDA provider in $ORT_DIR,
+# on a GPU" notes). Needs: bin/voxmux (or $VOXMUX; `go build -tags noffmpeg` where the host lacks
+# FFmpeg's libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
 #   usage: scripts/verify-gpu.sh tiny|groups|gpus ...
@@ -95,8 +96,8 @@ bench() {
   vpid=$!
   python3 "$repo/scripts/baseline_server.py" --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
   bpid=$!
-  wait_ready http://127.0.0.1:8080 300 || { echo "voxmux not ready"; tail -20 "$logs/big.log"; }
-  wait_ready http://127.0.0.1:8081 300 || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; }
+  wait_ready http://127.0.0.1:8080 300 || { echo "voxmux not ready"; tail -20 "$logs/big.log"; kill $vpid $bpid; return 1; }
+  wait_ready http://127.0.0.1:8081 300 || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; kill $vpid $bpid; return 1; }
   "$bin" bench --url http://127.0.0.1:8080 --compare http://127.0.0.1:8081 --compare-concurrency ${BASE_LEVELS:-1,4,8} \
     --concurrency ${LEVELS:-1,4,8,16,32,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
@@ -110,7 +111,7 @@ twogroups() {
   - {name: gpu1, gpus: [1], max_inflight: 256}"
   "$bin" serve --config "$logs/two.yaml" > "$logs/two.log" 2>&1 &
   pid=$!
-  wait_ready http://127.0.0.1:8090 300 || { echo "not ready"; tail -20 "$logs/two.log"; }
+  wait_ready http://127.0.0.1:8090 300 || { echo "not ready"; tail -20 "$logs/two.log"; kill $pid; return 1; }
   "$bin" bench --url http://127.0.0.1:8090 --concurrency ${LEVELS2:-256,512} --duration-per-level ${DUR:-12s} --warmup 4 \
     --format pcm --quiet --label "two groups of one GPU" --out "${BENCH_OUT2:-$logs/bench-two}"
   kill -TERM $pid; wait $pid
