@@ -54,14 +54,13 @@ type Member struct {
 	launch Launcher
 	log    *slog.Logger
 
-	mu       sync.Mutex
-	inst     Instance
-	proc     Stopper
-	status   instance.Status
-	changed  chan struct{} // closed and replaced on every change
-	kick     chan struct{}
-	restart  bool // an operator asked for a fresh process
-	stopping bool
+	mu      sync.Mutex
+	inst    Instance
+	proc    Stopper
+	status  instance.Status
+	changed chan struct{} // closed and replaced on every change
+	kick    chan struct{}
+	restart bool // an operator asked for a fresh process
 }
 
 // NewMember makes a member; Run starts it.
