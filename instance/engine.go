@@ -116,6 +116,9 @@ func (e *Engine) Synthesize(ctx context.Context, req Request, emit func(Chunk) e
 	for {
 		chunks, closed, err := s.take()
 		for _, c := range chunks {
+			if err := s.ctx.Err(); err != nil {
+				return err // cancelled while several chunks were waiting: emit no more
+			}
 			if err := emit(c); err != nil {
 				return err
 			}
