@@ -42,7 +42,11 @@ func Describe(path string) (Description, error) {
 	if err != nil {
 		return Description{}, err
 	}
-	return Description{Kind: m.Kind, Name: m.Name, SampleRate: m.SampleRate, Voices: m.Voices}, nil
+	return m.description(), nil
+}
+
+func (m *Manifest) description() Description {
+	return Description{Kind: m.Kind, Name: m.Name, SampleRate: m.SampleRate, Voices: m.Voices}
 }
 
 // Open loads the model named by cfg.Manifest and returns its runner.
@@ -54,21 +58,17 @@ func Open(cfg LoadConfig) (Runner, Description, error) {
 		}
 		return r, d, nil
 	}
-	d, err := Describe(cfg.Manifest)
+	m, err := LoadManifest(cfg.Manifest) // checks that the kind is staged
 	if err != nil {
 		return nil, Description{}, err
 	}
-	switch d.Kind {
-	case "staged":
-		r, err := openStaged(cfg)
-		return r, d, err
-	}
-	return nil, Description{}, fmt.Errorf("model %s: kind %q cannot be served", cfg.Manifest, d.Kind)
+	r, err := openStaged(m, cfg)
+	return r, m.description(), err
 }
 
 // openStaged places the staged pipeline on the visible GPUs: split puts the LM on device 0 and
 // flow and vocoder on device 1; replicated runs a whole pipeline (and engine) on every device.
-func openStaged(cfg LoadConfig) (Runner, error) {
+func openStaged(m *Manifest, cfg LoadConfig) (Runner, error) {
 	devices := 1
 	if cfg.Provider == "cuda" {
 		devices = max(1, len(CUDADevices())) // with none, device 0 fails with ONNX Runtime's own reason
@@ -77,7 +77,7 @@ func openStaged(cfg LoadConfig) (Runner, error) {
 		if devices < 2 {
 			return nil, fmt.Errorf("placement split needs 2 visible GPUs, this instance sees %d", devices)
 		}
-		p, err := loadPipeline(cfg, 0, 1)
+		p, err := loadPipeline(m, cfg, 0, 1)
 		if err != nil {
 			return nil, err
 		}
@@ -85,7 +85,7 @@ func openStaged(cfg LoadConfig) (Runner, error) {
 	}
 	var engines []*Engine
 	for d := 0; d < devices; d++ {
-		p, err := loadPipeline(cfg, d, d)
+		p, err := loadPipeline(m, cfg, d, d)
 		if err != nil {
 			for _, e := range engines {
 				e.Close()

@@ -19,14 +19,16 @@ type Pipeline struct {
 }
 
 // LoadPipeline loads the manifest's graphs on the configured provider, all on device 0.
-func LoadPipeline(cfg LoadConfig) (*Pipeline, error) { return loadPipeline(cfg, 0, 0) }
-
-// loadPipeline puts the LM on device lmDev and the flow and vocoder on flowDev.
-func loadPipeline(cfg LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
+func LoadPipeline(cfg LoadConfig) (*Pipeline, error) {
 	m, err := LoadManifest(cfg.Manifest)
 	if err != nil {
 		return nil, err
 	}
+	return loadPipeline(m, cfg, 0, 0)
+}
+
+// loadPipeline puts the LM on device lmDev and the flow and vocoder on flowDev.
+func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
 	rt, err := newRuntime(cfg, lmDev)
 	if err != nil {
 		return nil, err

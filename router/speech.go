@@ -144,11 +144,7 @@ func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
 
 func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	start := time.Now()
-	id, _ := ctx.UserValue(userRequestID).(string)
-	if id == "" {
-		id = newRequestID()
-		ctx.Response.Header.Set("X-Request-Id", id)
-	}
+	id, _ := ctx.UserValue(userRequestID).(string) // set by Handler for every /v1/ request
 	log := s.o.Logger.With("request_id", id)
 
 	job, aerr := s.parseSpeech(ctx.PostBody())

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -30,15 +29,7 @@ func writePiperConfig(t *testing.T, listen, model string) string {
 
 func speech(t *testing.T, url, body string) (int, http.Header, []byte) {
 	t.Helper()
-	resp, err := http.Post(url+"/v1/audio/speech", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := speechReq(t, url, "", body)
 	return resp.StatusCode, resp.Header, b
 }
 
