@@ -52,6 +52,7 @@ LM_GROUP = LM_Q_HEADS // LM_KV_HEADS
 LM_MLP = 4864
 LM_RMS_EPS = 1e-6
 LM_ROPE_THETA = 1000000.0
+LM_ROPE_POSITIONS = 16384     # RotaryEmbedding's table: prompt plus speech tokens stay below it
 
 # CosyVoice3 flow (cosyvoice3.yaml: CausalMaskedDiffWithDiT, PreLookaheadLayer, DiT).
 MEL_BINS = 80
@@ -68,6 +69,7 @@ DIT_FF_MULT = 2
 DIT_TIME_FREQS = 256
 DIT_POS_KERNEL = 31
 DIT_POS_GROUPS = 16
+DIT_ROPE_POSITIONS = 16384    # frames of one flow run (a chunk with its context) stay below it
 
 # CosyVoice3 HiFT (cosyvoice3.yaml: CausalHiFTGenerator).
 SAMPLE_RATE = 24000
@@ -106,6 +108,138 @@ def rope_cos_sin(positions, head_dim, theta, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Fused operators for export
+#
+# ONNX Runtime has fused kernels for the transformer pieces of these graphs (its contrib operators):
+# an attention that never materialises the score matrix, RoPE, RMSNorm and tanh-GELU in one kernel
+# each. Spelled out in plain ONNX, each of them is several kernels with a trip through GPU memory
+# between them, and a decode step or a small flow chunk is bound by how many kernels it launches.
+# Each Function below computes the same arithmetic in PyTorch (what tracing and the eager baseline
+# run) and exports as the fused operator. The results are the same up to float rounding
+# (docs/benchmarks/model.md).
+
+MS_DOMAIN = "com.microsoft"
+# An additive attention bias that removes a key in float16 (exp(-30000) is 0; -1e9 overflows).
+MASKED_FUSED = 30000.0
+
+
+def rope_cache(positions, head_dim, theta, dtype):
+    """cos and sin caches [positions, head_dim/2], as ONNX Runtime's RotaryEmbedding takes them."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    freqs = torch.arange(positions, dtype=torch.float32).unsqueeze(-1) * inv_freq
+    return freqs.cos().to(dtype), freqs.sin().to(dtype)
+
+
+class RotaryOp(torch.autograd.Function):
+    """RoPE (rotate-half) of x [B,T,heads*head_dim] at position_ids [B,T] (or [1]: an offset
+    for positions 0..T-1); exported as com.microsoft RotaryEmbedding (interleaved=0)."""
+
+    @staticmethod
+    def forward(ctx, x, position_ids, cos_cache, sin_cache, num_heads):
+        B, T, _ = x.shape
+        if position_ids.dim() == 1:
+            pos = (position_ids[0] + torch.arange(T, device=x.device)).unsqueeze(0)
+        else:
+            pos = position_ids
+        cos = torch.cat((cos_cache[pos], cos_cache[pos]), dim=-1).unsqueeze(2)   # [B|1,T,1,D]
+        sin = torch.cat((sin_cache[pos], sin_cache[pos]), dim=-1).unsqueeze(2)
+        xh = x.reshape(B, T, num_heads, -1)
+        half = xh.shape[-1] // 2
+        return (xh * cos + rotate_half(xh, half) * sin).reshape(B, T, -1)
+
+    @staticmethod
+    def symbolic(g, x, position_ids, cos_cache, sin_cache, num_heads):
+        y = g.op(MS_DOMAIN + "::RotaryEmbedding", x, position_ids, cos_cache, sin_cache,
+                 interleaved_i=0, num_heads_i=num_heads)
+        y.setType(x.type())
+        return y
+
+
+class AttentionOp(torch.autograd.Function):
+    """Softmax attention of q, k, v [B,F,heads*64] with an additive bias [B,1,F,F]; exported as
+    com.microsoft MultiHeadAttention (fused kernels on CUDA). The bias goes in as input 3 here;
+    fix_attention_inputs() moves it to MultiHeadAttention's attention_bias slot (input 5)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, num_heads):
+        B, F_, _ = q.shape
+        qh, kh, vh = (t.reshape(B, F_, num_heads, -1).transpose(1, 2) for t in (q, k, v))
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=bias)
+        return out.transpose(1, 2).reshape(B, F_, -1)
+
+    @staticmethod
+    def symbolic(g, q, k, v, bias, num_heads):
+        y = g.op(MS_DOMAIN + "::MultiHeadAttention", q, k, v, bias, num_heads_i=num_heads)
+        y.setType(q.type())
+        return y
+
+
+class FastGeluOp(torch.autograd.Function):
+    """tanh-approximated GELU; exported as com.microsoft FastGelu."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return F.gelu(x, approximate="tanh")
+
+    @staticmethod
+    def symbolic(g, x):
+        y = g.op(MS_DOMAIN + "::FastGelu", x)
+        y.setType(x.type())
+        return y
+
+
+class RMSNormOp(torch.autograd.Function):
+    """RMSNorm with a weight, statistics in float32; exported as ONNX Runtime's
+    SimplifiedLayerNormalization (which ONNX Runtime defines in the default domain)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(x.dtype)
+
+    @staticmethod
+    def symbolic(g, x, weight, eps):
+        y = g.op("SimplifiedLayerNormalization", x, weight, axis_i=-1, epsilon_f=eps, stash_type_i=1)
+        y.setType(x.type())
+        return y
+
+
+class ReshapeOp(torch.autograd.Function):
+    """Reshape with ONNX's own conventions (0 keeps the input's size on that axis, -1 infers one);
+    exported as one Reshape with a constant shape. A traced x.reshape(B, ...) with B read from a
+    shape costs Shape, Gather, Unsqueeze and Concat kernels on every run."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(shape)])
+
+    @staticmethod
+    def symbolic(g, x, shape):
+        return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
+
+
+def fix_attention_inputs(model):
+    """Puts AttentionOp's bias in MultiHeadAttention's attention_bias slot: inputs
+    (query, key, value, bias, key_padding_mask, attention_bias), the two between left empty."""
+    n = 0
+    for node in model.graph.node:
+        if node.domain == MS_DOMAIN and node.op_type == "MultiHeadAttention" and len(node.input) == 4:
+            q, k, v, bias = node.input
+            del node.input[:]
+            node.input.extend([q, k, v, "", "", bias])
+            n += 1
+    return n
+
+
+def use_fused(models, on=True):
+    """Switches the LM and the DiT to the fused operators above (exports); eager runs keep them off."""
+    for m in models.modules():
+        if hasattr(m, "fused"):
+            m.fused = on
+
+
+# ---------------------------------------------------------------------------------------------
 # LM
 
 
@@ -114,8 +248,11 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.fused = False
 
     def forward(self, x):
+        if self.fused:
+            return RMSNormOp.apply(x, self.weight, self.eps)
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
@@ -134,8 +271,14 @@ class LMAttention(nn.Module):
         # Eager runs (the baseline) use PyTorch's fused attention; the exported graph spells the
         # same arithmetic out so every ONNX Runtime provider can run it.
         self.sdpa = False
+        self.fused = False
 
-    def forward(self, h, cos, sin, bias, past_k, past_v):
+    def forward(self, h, rope, bias, past_k, past_v):
+        """rope is (cos, sin) [B,1,T,64], or with fused operators (position_ids, cos_cache,
+        sin_cache)."""
+        if self.fused:
+            return self.forward_fused(h, rope, bias, past_k, past_v)
+        cos, sin = rope
         # Reshapes take B from the input's shape and infer T (-1): traced, both stay dynamic.
         B = h.shape[0]
         q = self.q_proj(h).reshape(B, -1, LM_Q_HEADS, LM_HEAD_DIM).transpose(1, 2)    # [B,14,T,64]
@@ -160,6 +303,29 @@ class LMAttention(nn.Module):
         ctx = ctx.reshape(B, LM_Q_HEADS, -1, LM_HEAD_DIM).transpose(1, 2)              # [B,T,14,64]
         return self.o_proj(ctx.reshape(B, -1, LM_Q_HEADS * LM_HEAD_DIM)), k_all, v_all
 
+    def forward_fused(self, h, rope, bias, past_k, past_v):
+        """The same attention in fewer kernels: one projection for q, k and v (the softmax scale
+        folded into q's weights), ONNX Runtime's RotaryEmbedding, scores and softmax in the
+        model's dtype with a bias that is built once for all layers."""
+        position_ids, cos_cache, sin_cache = rope
+        QD, KD = LM_Q_HEADS * LM_HEAD_DIM, LM_KV_HEADS * LM_HEAD_DIM
+        w = torch.cat((self.q_proj.weight * self.scale, self.k_proj.weight, self.v_proj.weight))
+        b = torch.cat((self.q_proj.bias * self.scale, self.k_proj.bias, self.v_proj.bias))
+        q, k, v = F.linear(h, w, b).split([QD, KD, KD], dim=-1)
+        q = RotaryOp.apply(q, position_ids, cos_cache, sin_cache, LM_Q_HEADS)
+        k = RotaryOp.apply(k, position_ids, cos_cache, sin_cache, LM_KV_HEADS)
+        k = ReshapeOp.apply(k, (0, -1, LM_KV_HEADS, LM_HEAD_DIM)).transpose(1, 2)       # [B,2,T,64]
+        v = ReshapeOp.apply(v, (0, -1, LM_KV_HEADS, LM_HEAD_DIM)).transpose(1, 2)
+        k_all = torch.cat([past_k, k], dim=2)                                         # [B,2,S,64]
+        v_all = torch.cat([past_v, v], dim=2)
+        # Query head 7g+i belongs to KV head g: [B,T,14,64] -> [B,2,7,T,64] against K and V
+        # [B,2,1,S,64], broadcast over the 7 (no copies of K/V).
+        qg = ReshapeOp.apply(q, (0, -1, LM_KV_HEADS, LM_GROUP, LM_HEAD_DIM)).permute(0, 2, 3, 1, 4)
+        scores = torch.matmul(qg, k_all.unsqueeze(2).transpose(3, 4)) + bias          # [B,2,7,T,S]
+        ctx = torch.matmul(torch.softmax(scores, dim=-1), v_all.unsqueeze(2))          # [B,2,7,T,64]
+        ctx = ReshapeOp.apply(ctx.permute(0, 3, 1, 2, 4), (0, -1, QD))                 # [B,T,896]
+        return self.o_proj(ctx), k_all, v_all
+
 
 class LMLayer(nn.Module):
     def __init__(self):
@@ -170,11 +336,16 @@ class LMLayer(nn.Module):
         self.gate_proj = nn.Linear(LM_HIDDEN, LM_MLP, bias=False)
         self.up_proj = nn.Linear(LM_HIDDEN, LM_MLP, bias=False)
         self.down_proj = nn.Linear(LM_MLP, LM_HIDDEN, bias=False)
+        self.fused = False
 
-    def forward(self, h, cos, sin, bias, past_k, past_v):
-        a, k, v = self.self_attn(self.input_layernorm(h), cos, sin, bias, past_k, past_v)
+    def forward(self, h, rope, bias, past_k, past_v):
+        a, k, v = self.self_attn(self.input_layernorm(h), rope, bias, past_k, past_v)
         h = h + a
         x = self.post_attention_layernorm(h)
+        if self.fused:
+            # gate and up in one product
+            g, u = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+            return h + self.down_proj(F.silu(g) * u), k, v
         h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return h, k, v
 
@@ -204,14 +375,23 @@ class SpeechLM(nn.Module):
         self.layers = nn.ModuleList(LMLayer() for _ in range(LM_LAYERS))
         self.norm = RMSNorm(LM_HIDDEN, LM_RMS_EPS)
         self.lm_head = nn.Linear(LM_HIDDEN, SPEECH_VOCAB + 1, bias=False)
+        # RotaryEmbedding's tables (fused export); not in the state dict.
+        cos, sin = rope_cache(LM_ROPE_POSITIONS, LM_HEAD_DIM, LM_ROPE_THETA, torch.float32)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.fused = False
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         h = self.embed_tokens(input_ids)
-        cos, sin = rope_cos_sin(position_ids, LM_HEAD_DIM, LM_ROPE_THETA, h.dtype)
         bias = lm_attention_bias(attention_mask, past[0].shape[2], input_ids.shape[1])
+        if self.fused:
+            rope = (position_ids, self.rope_cos, self.rope_sin)
+            bias = ((bias / MASKED) * MASKED_FUSED).to(h.dtype)
+        else:
+            rope = rope_cos_sin(position_ids, LM_HEAD_DIM, LM_ROPE_THETA, h.dtype)
         presents = []
         for i, layer in enumerate(self.layers):
-            h, k, v = layer(h, cos, sin, bias, past[2 * i], past[2 * i + 1])
+            h, k, v = layer(h, rope, bias, past[2 * i], past[2 * i + 1])
             presents += [k, v]
         logits = self.lm_head(self.norm(h)).to(torch.float32)
         return (logits, *presents)
@@ -308,10 +488,22 @@ class DiTBlock(nn.Module):
         self.ff_out = nn.Linear(DIT_FF_MULT * DIT_DIM, DIT_DIM)
         self.scale = 1.0 / math.sqrt(DIT_HEAD_DIM)
         self.sdpa = False
+        self.fused = False
 
-    def forward(self, x, temb, cos, sin, key_bias):
+    def forward(self, x, temb, rope, key_bias):
+        """rope is (cos, sin) [1,1,F,64], or with fused operators (position offset, cos_cache,
+        sin_cache); key_bias is [B,1,1,F], or [B,1,F,F] with fused operators."""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(temb).unsqueeze(1).chunk(6, dim=-1)
         h = self.norm1(x) * (1 + scale1) + shift1
+        if self.fused:
+            pos, cos_cache, sin_cache = rope
+            q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)                         # [B,F,1024]
+            q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
+            k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)
+            x = x + gate1 * self.to_out(AttentionOp.apply(q, k, v, key_bias, DIT_HEADS))
+            h = self.norm2(x) * (1 + scale2) + shift2
+            return x + gate2 * self.ff_out(FastGeluOp.apply(self.ff_in(h)))
+        cos, sin = rope
         B = x.shape[0]
         qkv = self.to_qkv(h).reshape(B, -1, 3, DIT_HEADS, DIT_HEAD_DIM).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)                                                    # [B,16,F,64]
@@ -339,17 +531,26 @@ class FlowEstimator(nn.Module):
         self.final_modulation = nn.Linear(DIT_DIM, 2 * DIT_DIM)
         self.norm_out = nn.LayerNorm(DIT_DIM, eps=1e-6)
         self.proj_out = nn.Linear(DIT_DIM, MEL_BINS)
+        cos, sin = rope_cache(DIT_ROPE_POSITIONS, DIT_HEAD_DIM, 10000.0, torch.float32)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.fused = False
 
     def forward(self, x, mask, mu, t):
         temb = F.silu(self.time_embed(t, x.dtype))                                  # [B,D]
         frame_mask = mask.transpose(1, 2)                                           # [B,F,1]
         h = self.proj_in(torch.cat((x, mu), dim=1).transpose(1, 2)) * frame_mask    # [B,F,D]
         h = h + self.pos_conv(h, frame_mask)
-        frames = torch.arange(x.shape[2], device=x.device).unsqueeze(0)             # [1,F]
-        cos, sin = rope_cos_sin(frames, DIT_HEAD_DIM, 10000.0, x.dtype)
-        key_bias = ((mask.to(torch.float32) - 1.0) * MASKED).unsqueeze(1)           # [B,1,1,F]
+        if self.fused:
+            rope = (torch.zeros(1, dtype=torch.int64, device=x.device), self.rope_cos, self.rope_sin)
+            # MultiHeadAttention takes a bias per query: [B,1,F,F], built once for all blocks.
+            key_bias = ((mask - 1.0) * MASKED_FUSED).unsqueeze(1).expand(-1, -1, x.shape[2], -1)
+        else:
+            frames = torch.arange(x.shape[2], device=x.device).unsqueeze(0)         # [1,F]
+            rope = rope_cos_sin(frames, DIT_HEAD_DIM, 10000.0, x.dtype)
+            key_bias = ((mask.to(torch.float32) - 1.0) * MASKED).unsqueeze(1)       # [B,1,1,F]
         for block in self.blocks:
-            h = block(h, temb, cos, sin, key_bias)
+            h = block(h, temb, rope, key_bias)
         shift, scale = self.final_modulation(temb).unsqueeze(1).chunk(2, dim=-1)
         h = self.norm_out(h) * (1 + scale) + shift
         return self.proj_out(h).transpose(1, 2) * mask

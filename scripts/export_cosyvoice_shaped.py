@@ -2,7 +2,7 @@
 """Exports the CosyVoice3-0.5B-shaped benchmark pipeline (random weights) for voxmux.
 
     usage: scripts/export_cosyvoice_shaped.py OUT_DIR [--dtype float16|float32] [--device cuda|cpu]
-                                              [--opset 17] [--no-verify]
+                                              [--opset 17] [--plain] [--no-verify]
 
 Writes OUT_DIR/lm.onnx, flow_encoder.onnx, flow_estimator.onnx, vocoder.onnx (the stage contract of
 docs/pipeline.md, dynamic batch and length axes), OUT_DIR/pipeline.yaml (the manifest) and
@@ -11,6 +11,11 @@ it checks every graph with ONNX Runtime against the PyTorch modules: shapes, dty
 padded items, that a padded batch gives each item what it gets alone, that KV-cache decoding
 equals a whole-sequence prefill, and that chunked vocoding with the manifest's context equals a
 whole run.
+
+By default the attention, RoPE, RMSNorm and GELU of the LM and the DiT are written as ONNX Runtime's
+fused operators (RotaryEmbedding, MultiHeadAttention, SimplifiedLayerNormalization, FastGelu;
+cosyvoice_shaped.py says why); --plain writes them in standard ONNX operators only, which every
+ONNX runtime can load.
 
 Needs torch, onnx and onnxruntime (onnxruntime-gpu for the CUDA check); runs on a GPU host. The
 .onnx files are large (about 1.4 GB in float16) and are never committed.
@@ -112,15 +117,28 @@ def size_of(path):
 # Export
 
 
-def export_graph(module, args, path, inputs, outputs, dynamic_axes, opset):
+def export_graph(module, args, path, inputs, outputs, dynamic_axes, opset, fused):
     kwargs = dict(input_names=inputs, output_names=outputs, dynamic_axes=dynamic_axes,
                   opset_version=opset, do_constant_folding=True)
+    if fused:
+        kwargs["custom_opsets"] = {cs.MS_DOMAIN: 1}
     try:
         # The TorchScript exporter traces the KV-cache graph exactly as written; the dynamo one
         # needs onnxscript and guards on the loops.
         torch.onnx.export(module, args, path, dynamo=False, **kwargs)
     except TypeError:
         torch.onnx.export(module, args, path, **kwargs)  # a torch without the dynamo= argument
+    except Exception as e:
+        # ONNX's checker does not know SimplifiedLayerNormalization, which ONNX Runtime defines in
+        # the default domain; the exporter has written the file before it checks.
+        if not (fused and type(e).__name__ == "CheckerError" and os.path.exists(path)):
+            raise
+        log("  (ONNX's checker does not know ONNX Runtime's own operators; ONNX Runtime checks them at load)")
+    if fused:
+        import onnx
+        model = onnx.load(path)
+        if cs.fix_attention_inputs(model):
+            onnx.save(model, path)
 
 
 class F32IO(torch.nn.Module):
@@ -138,7 +156,7 @@ class F32IO(torch.nn.Module):
         return out.to(torch.float32)
 
 
-def export_all(models, out_dir, dtype, device, opset):
+def export_all(models, out_dir, dtype, device, opset, fused):
     lm = models.lm
     enc, est, voc = (F32IO(m, dtype) for m in (models.flow_encoder, models.flow_estimator, models.vocoder))
     lm_dtype, dtype = dtype, torch.float32  # only the LM's cache is in the model's dtype
@@ -179,7 +197,7 @@ def export_all(models, out_dir, dtype, device, opset):
         path = os.path.join(out_dir, name)
         log("exporting %s (%d parameters) ..." % (name, cs.count_params(module)))
         with torch.no_grad():
-            export_graph(module, args, path, inputs, outputs, dyn, opset)
+            export_graph(module, args, path, inputs, outputs, dyn, opset, fused)
         log("wrote %s: %s" % (path, size_of(path)))
 
 
@@ -422,6 +440,8 @@ def main():
     ap.add_argument("--provider", choices=["auto", "cuda", "cpu"], default="auto",
                     help="ONNX Runtime provider for the checks")
     ap.add_argument("--seed", type=int, default=cs.SEED)
+    ap.add_argument("--plain", action="store_true",
+                    help="standard ONNX operators only (no ONNX Runtime fused operators)")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
 
@@ -437,11 +457,15 @@ def main():
     weights = os.path.join(a.out_dir, "weights.pt")
     torch.save({"seed": a.seed, "dtype": a.dtype, "state_dict": models.state_dict()}, weights)
     log("wrote %s: %s" % (weights, size_of(weights)))
-    export_all(models, a.out_dir, dtype, a.device, a.opset)
+    cs.use_fused(models, not a.plain)
+    log("operators: %s" % ("standard ONNX only" if a.plain else "ONNX Runtime's fused operators"))
+    export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain)
     log("wrote %s" % write_manifest(a.out_dir, a.dtype))
 
     if a.no_verify:
         return 0
+    # The checks compare the graphs with the plain modules, as the baseline runs them.
+    cs.use_fused(models, False)
     try:
         failures = verify(a.out_dir, models, a.device, dtype, a.provider)
     except Exception as e:
