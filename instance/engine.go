@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,12 +21,17 @@ type Engine struct {
 	arrivals chan *stream
 	// Frame budgets of one flow and one vocoder batch.
 	flowFrames, vocFrames int
-	flowQ                 *queue[*flowItem]
-	vocQ                  *queue[*vocItem]
-	done                  chan struct{}
-	wg                    sync.WaitGroup
-	once                  sync.Once
-	stats                 [numStages]stageCounter
+	// Largest ratio of item lengths within one flow or vocoder batch (0: any mix). Items are
+	// padded to the longest, so a first chunk of 30 frames batched with chunks of 230 would cost
+	// 230; grouping by length keeps the padding below a third and lets short first chunks run
+	// in small, fast batches of their own.
+	spread float64
+	flowQ  *queue[*flowItem]
+	vocQ   *queue[*vocItem]
+	done   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+	stats  [numStages]stageCounter
 }
 
 // The engine's batched stages, in StageStats' names.
@@ -68,6 +74,7 @@ func NewEngine(p *Pipeline) *Engine {
 		arrivals:   make(chan *stream),
 		flowFrames: 8192,
 		vocFrames:  16384,
+		spread:     1.3,
 		flowQ:      newQueue[*flowItem](),
 		vocQ:       newQueue[*vocItem](),
 		done:       make(chan struct{}),
@@ -372,7 +379,7 @@ func (e *Engine) flowLoop() {
 			return
 		}
 		items = liveItems(items, func(it *flowItem) *stream { return it.s })
-		items, rest := takeBatch(items, e.flowFrames, func(it *flowItem) (int, bool, *stream) {
+		items, rest := takeBatch(items, e.flowFrames, e.spread, func(it *flowItem) (int, bool, *stream) {
 			return len(it.tokens) * R, it.first, it.s
 		})
 		e.flowQ.pushFront(rest)
@@ -422,7 +429,7 @@ func (e *Engine) vocoderLoop() {
 			return
 		}
 		items = liveItems(items, func(it *vocItem) *stream { return it.s })
-		items, rest := takeBatch(items, e.vocFrames, func(it *vocItem) (int, bool, *stream) {
+		items, rest := takeBatch(items, e.vocFrames, e.spread, func(it *vocItem) (int, bool, *stream) {
 			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
 		})
 		e.vocQ.pushFront(rest)
@@ -451,9 +458,10 @@ func (e *Engine) vocoderLoop() {
 
 // takeBatch picks the next batch: first chunks of streams before later chunks (a new stream's
 // first audio is what its client waits for), up to a budget of frames so one batch does not hold
-// everyone else back for long; at least one item. A stream's chunks stay in order: once one of its
-// items waits, its later items wait too.
-func takeBatch[T any](items []T, budget int, info func(T) (frames int, first bool, s *stream)) (take, rest []T) {
+// everyone else back for long; at least one item. With spread > 1, only items whose length falls
+// in the leading item's band [spread^k, spread^(k+1)) join it; the others wait for a later batch.
+// A stream's chunks stay in order: once one of its items waits, its later items wait too.
+func takeBatch[T any](items []T, budget int, spread float64, info func(T) (frames int, first bool, s *stream)) (take, rest []T) {
 	order := make([]T, 0, len(items))
 	for _, it := range items {
 		if _, first, _ := info(it); first {
@@ -465,11 +473,20 @@ func takeBatch[T any](items []T, budget int, info func(T) (frames int, first boo
 			order = append(order, it)
 		}
 	}
+	band := func(frames int) int {
+		if spread <= 1 {
+			return 0
+		}
+		return int(math.Floor(math.Log(float64(max(frames, 1))) / math.Log(spread)))
+	}
 	waiting := map[*stream]bool{}
-	used := 0
+	used, lead := 0, 0
 	for _, it := range order {
 		frames, _, s := info(it)
-		if waiting[s] || (len(take) > 0 && used+frames > budget) {
+		if len(take) == 0 && !waiting[s] {
+			lead = band(frames)
+		}
+		if waiting[s] || (len(take) > 0 && (used+frames > budget || band(frames) != lead)) {
 			waiting[s] = true
 			rest = append(rest, it)
 			continue

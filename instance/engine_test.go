@@ -167,7 +167,7 @@ func TestTakeBatch(t *testing.T) {
 		name   string
 	}
 	items := []it{{a, 30, false, "a1"}, {b, 10, true, "b0"}, {a, 30, false, "a2"}, {c, 10, true, "c0"}, {b, 50, false, "b1"}}
-	take, rest := takeBatch(items, 60, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	take, rest := takeBatch(items, 60, 0, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
 	names := func(xs []it) (n []string) {
 		for _, x := range xs {
 			n = append(n, x.name)
@@ -182,9 +182,24 @@ func TestTakeBatch(t *testing.T) {
 		t.Fatalf("rest %v", got)
 	}
 	// One item over the budget still runs alone.
-	take, _ = takeBatch([]it{{a, 500, false, "big"}}, 60, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	take, _ = takeBatch([]it{{a, 500, false, "big"}}, 60, 0, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
 	if len(take) != 1 {
 		t.Fatal("an item over the budget never runs")
+	}
+	// Grouped by length: the short first chunks run together, then the 30-frame chunks; b1
+	// (50 frames) is in another band and waits, and so would anything of b's after it.
+	spread := 1.5
+	info := func(x it) (int, bool, *stream) { return x.frames, x.first, x.s }
+	take, rest = takeBatch(items, 1000, spread, info)
+	if got := names(take); len(got) != 2 || got[0] != "b0" || got[1] != "c0" {
+		t.Fatalf("by length: take %v", got)
+	}
+	take, rest = takeBatch(rest, 1000, spread, info)
+	if got := names(take); len(got) != 2 || got[0] != "a1" || got[1] != "a2" {
+		t.Fatalf("by length, second batch: take %v", got)
+	}
+	if got := names(rest); len(got) != 1 || got[0] != "b1" {
+		t.Fatalf("by length, second batch: rest %v", got)
 	}
 }
 

@@ -44,6 +44,12 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 	for _, j := range jobs {
 		N = max(N, len(j.tokens))
 	}
+	// Whole runs of 8 frames: ONNX Runtime's fused attention with a bias (float16) needs the
+	// length aligned to 8, and falls back to materialising the scores otherwise. The extra
+	// frames are padding like any other.
+	for N*R%8 != 0 {
+		N++
+	}
 	F := N * R
 	toks := make([]int64, B*N)
 	tmask := make([]float32, B*N)
