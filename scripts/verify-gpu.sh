@@ -4,7 +4,7 @@
 # FFmpeg's libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|sweep|twogroups ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -91,7 +91,7 @@ YAML
 }
 
 bench() {
-  bigcfg big 127.0.0.1:8080 "  - {name: gpu0, gpus: [0], max_inflight: 256}"
+  bigcfg big 127.0.0.1:8080 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
   "$bin" serve --config "$logs/big.yaml" > "$logs/big.log" 2>&1 &
   vpid=$!
   python3 "$repo/scripts/baseline_server.py" --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
@@ -103,6 +103,24 @@ bench() {
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
     --out "${BENCH_OUT:-$logs/bench}"
   kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# Each stage of $BIG timed alone on GPU 0 (voxmux bench stages).
+stages() {
+  bigcfg stages 127.0.0.1:8071 "  - {name: gpu0, gpus: [0]${GROUP_EXTRA:-}}"
+  "$bin" bench stages --config "$logs/stages.yaml" --batch ${BATCHES:-1,8,32,64} --tokens ${TOKENS:-15,115} \
+    --runs ${RUNS:-5} --json "${STAGES_JSON:-$logs/stages.json}" 2>/dev/null
+}
+
+# voxmux alone on $BIG (no baseline): to compare exports or chunk schedules in one session.
+sweep() {
+  bigcfg sweep 127.0.0.1:8070 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
+  "$bin" serve --config "$logs/sweep.yaml" > "$logs/sweep-${SWEEP_NAME:-run}.log" 2>&1 &
+  pid=$!
+  wait_ready http://127.0.0.1:8070 300 || { echo "not ready"; tail -20 "$logs/sweep-${SWEEP_NAME:-run}.log"; kill $pid; return 1; }
+  "$bin" bench --url http://127.0.0.1:8070 --concurrency ${LEVELS:-1,64,256} --duration-per-level ${DUR:-12s} --warmup 4 \
+    --format pcm --quiet --label "${SWEEP_NAME:-run}: $BIG" --out "${BENCH_OUT:-$logs/sweep-${SWEEP_NAME:-run}}"
+  kill -TERM $pid; wait $pid
 }
 
 # One group against two groups (one GPU each) at saturation.

@@ -105,5 +105,6 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 	f.StringVar(&o.GPUMetricsURL, "gpu-metrics", "", "base URL whose /metrics GPU gauges are sampled for every server (default: each server's own)")
 	f.StringVar(&o.Label, "label", "", "title of the report, e.g. the GPU and the model")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	cmd.AddCommand(stagesCmd())
 	return cmd
 }

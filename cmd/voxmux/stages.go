@@ -1,0 +1,98 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/voxmux/voxmux/config"
+	"github.com/voxmux/voxmux/instance"
+)
+
+// stagesCmd is `voxmux bench stages`: each batched stage of the configured model timed alone, in
+// this process, so a load test's numbers can be read against what each stage can do.
+func stagesCmd() *cobra.Command {
+	var cfgPath, group, jsonOut string
+	var batches, tokens []int
+	var runs int
+	cmd := &cobra.Command{
+		Use:   "stages",
+		Short: "Time each batched stage (LM decode step, flow, vocoder) of the configured model alone",
+		Long: "stages loads the model of --config in this process with the group's provider options and times\n" +
+			"the LM decode step, the whole flow (encoder and every solver step) and the vocoder at each batch\n" +
+			"size, for items of each length in speech tokens. It uses the first GPU this process sees (set\n" +
+			"CUDA_VISIBLE_DEVICES to choose); run it on an idle GPU, not beside a serving router.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runs < 1 {
+				return fmt.Errorf("--runs: %d must be at least 1", runs)
+			}
+			for _, v := range append(append([]int(nil), batches...), tokens...) {
+				if v < 1 {
+					return fmt.Errorf("--batch and --tokens: %d must be at least 1", v)
+				}
+			}
+			cfg, err := config.Load(cfgPath)
+			if err != nil {
+				return err
+			}
+			g := cfg.Groups[0]
+			if group != "" {
+				found := false
+				for _, x := range cfg.Groups {
+					if x.Name == group {
+						g, found = x, true
+					}
+				}
+				if !found {
+					return fmt.Errorf("--group %q: no such group in %s", group, cfgPath)
+				}
+			}
+			ortLib, err := findORT(cfg)
+			if err != nil {
+				return err
+			}
+			load := memberSpec(cfg, g, 0, "", ortLib).Load
+			load.Placement = "" // one device: this process
+			p, err := instance.LoadPipeline(load)
+			if err != nil {
+				return err
+			}
+			defer p.Close()
+			w := cmd.OutOrStdout()
+			fmt.Fprintf(w, "# Stages of %s, each alone (%s)\n\n", cfg.ModelPath(), cfg.Provider)
+			fmt.Fprintln(w, "| stage | batch | tokens | ms per run | audio s per s |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+			res, err := p.ProfileStages(batches, tokens, runs, func(t instance.StageTiming) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "timing %s: batch %d × %d tokens ...\n", t.Stage, t.Batch, t.Tokens)
+			})
+			writeStages(w, res)
+			if jsonOut != "" && len(res) > 0 {
+				b, _ := json.MarshalIndent(res, "", "  ")
+				if werr := os.WriteFile(jsonOut, append(b, '\n'), 0o644); werr != nil {
+					return fmt.Errorf("--json: %w", werr)
+				}
+			}
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfgPath, "config", "voxmux.yaml", "serve's config file: model, provider, onnxruntime and the group's options")
+	f.StringVar(&group, "group", "", "group whose provider options apply (default: the first)")
+	f.IntSliceVar(&batches, "batch", []int{1, 8, 32, 64}, "batch sizes")
+	f.IntSliceVar(&tokens, "tokens", []int{15, 115}, "item lengths in speech tokens (a flow chunk with its context; the LM's cache length)")
+	f.IntVar(&runs, "runs", 5, "timed runs per shape, after one untimed run")
+	f.StringVar(&jsonOut, "json", "", "also write the timings to this JSON file")
+	return cmd
+}
+
+func writeStages(w io.Writer, res []instance.StageTiming) {
+	for _, t := range res {
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.0f |\n", t.Stage, t.Batch, t.Tokens,
+			float64(t.Mean)/float64(time.Millisecond), t.AudioPerSecond)
+	}
+}
