@@ -26,7 +26,8 @@ type StageTiming struct {
 // ProfileStages times each batched stage of p in isolation (nothing else on the device): the LM
 // decode step, the whole flow (encoder and every solver step) and the vocoder, at every batch
 // size for items of each length in tokens. It is how docs/benchmarks explains where the time of
-// a load test goes. progress is called before each shape.
+// a load test goes. It drives the LM decoder directly, so p must not be serving an Engine at the
+// same time. progress is called before each shape.
 func (p *Pipeline) ProfileStages(batches, tokens []int, runs int, progress func(StageTiming)) ([]StageTiming, error) {
 	if runs < 1 {
 		return nil, errors.New("profile: runs must be at least 1")

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/voxmux/voxmux/bench"
+	"github.com/voxmux/voxmux/instance"
 )
 
 // `voxmux bench` against a real `voxmux serve` running the tiny model on the CPU.
@@ -77,5 +78,46 @@ func TestBenchCommandFlagErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want one naming %s", c.args, err, c.want)
 		}
+	}
+}
+
+func TestBenchStages(t *testing.T) {
+	cfg := writeConfig(t, "127.0.0.1:0", "  - name: cpu\n    instances: 1\n")
+	out := filepath.Join(t.TempDir(), "stages.json")
+	cmd := stagesCmd()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"--config", cfg, "--batch", "1,2", "--tokens", "5", "--runs", "1", "--json", out})
+	if err := cmd.Execute(); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"| lm_decode | 1 | 5 |", "| flow | 2 | 5 |", "| vocoder | 2 | 5 |"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	var res []instance.StageTiming
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &res); err != nil || len(res) != 6 {
+		t.Fatalf("--json: %d timings, err %v; want 6", len(res), err)
+	}
+	// Bad flags are named.
+	cmd = stagesCmd()
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"--config", cfg, "--runs", "0"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--runs") {
+		t.Errorf("--runs 0: err %v, want one naming --runs", err)
+	}
+	cmd = stagesCmd()
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs([]string{"--config", cfg, "--group", "nope"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("--group nope: err %v, want one naming the group", err)
 	}
 }
