@@ -84,12 +84,17 @@ func TestBenchCommandFlagErrors(t *testing.T) {
 func TestBenchStages(t *testing.T) {
 	cfg := writeConfig(t, "127.0.0.1:0", "  - name: cpu\n    instances: 1\n")
 	out := filepath.Join(t.TempDir(), "stages.json")
-	cmd := stagesCmd()
 	var stdout, stderr bytes.Buffer
-	cmd.SetOut(&stdout)
-	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"--config", cfg, "--batch", "1,2", "--tokens", "5", "--runs", "1", "--json", out})
-	if err := cmd.Execute(); err != nil {
+	run := func(args ...string) error {
+		stdout.Reset()
+		stderr.Reset()
+		cmd := stagesCmd()
+		cmd.SetOut(&stdout)
+		cmd.SetErr(&stderr)
+		cmd.SetArgs(append([]string{"--config", cfg}, args...))
+		return cmd.Execute()
+	}
+	if err := run("--batch", "1,2", "--tokens", "5", "--runs", "1", "--json", out); err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
 	for _, want := range []string{"| lm_decode | 1 | 5 |", "| flow | 2 | 5 |", "| vocoder | 2 | 5 |"} {
@@ -106,18 +111,10 @@ func TestBenchStages(t *testing.T) {
 		t.Fatalf("--json: %d timings, err %v; want 6", len(res), err)
 	}
 	// Bad flags are named.
-	cmd = stagesCmd()
-	cmd.SetOut(&stdout)
-	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"--config", cfg, "--runs", "0"})
-	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--runs") {
+	if err := run("--runs", "0"); err == nil || !strings.Contains(err.Error(), "--runs") {
 		t.Errorf("--runs 0: err %v, want one naming --runs", err)
 	}
-	cmd = stagesCmd()
-	cmd.SetOut(&stdout)
-	cmd.SetErr(&stderr)
-	cmd.SetArgs([]string{"--config", cfg, "--group", "nope"})
-	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "nope") {
+	if err := run("--group", "nope"); err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("--group nope: err %v, want one naming the group", err)
 	}
 }
