@@ -112,27 +112,28 @@ stages() {
     --runs ${RUNS:-5} --json "${STAGES_JSON:-$logs/stages.json}" 2>/dev/null
 }
 
-# voxmux alone on $BIG (no baseline): to compare exports or chunk schedules in one session.
-sweep() {
-  bigcfg sweep 127.0.0.1:8070 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
-  "$bin" serve --config "$logs/sweep.yaml" > "$logs/sweep-${SWEEP_NAME:-run}.log" 2>&1 &
-  pid=$!
-  wait_ready http://127.0.0.1:8070 300 || { echo "not ready"; tail -20 "$logs/sweep-${SWEEP_NAME:-run}.log"; kill $pid; return 1; }
-  "$bin" bench --url http://127.0.0.1:8070 --concurrency ${LEVELS:-1,64,256} --duration-per-level ${DUR:-12s} --warmup 4 \
-    --format pcm --quiet --label "${SWEEP_NAME:-run}: $BIG" --out "${BENCH_OUT:-$logs/sweep-${SWEEP_NAME:-run}}"
+# Serves $BIG with the given groups and sweeps it with voxmux bench (no baseline).
+serve_bench() { # name port groups levels label out
+  bigcfg "$1" "127.0.0.1:$2" "$3"
+  "$bin" serve --config "$logs/$1.yaml" > "$logs/$1.log" 2>&1 &
+  local pid=$!
+  wait_ready "http://127.0.0.1:$2" 300 || { echo "not ready"; tail -20 "$logs/$1.log"; kill $pid; return 1; }
+  "$bin" bench --url "http://127.0.0.1:$2" --concurrency "$4" --duration-per-level ${DUR:-12s} --warmup 4 \
+    --format pcm --quiet --label "$5" --out "$6"
   kill -TERM $pid; wait $pid
+}
+
+# voxmux alone on $BIG: to compare exports or chunk schedules in one session.
+sweep() {
+  local name=sweep-${SWEEP_NAME:-run}
+  serve_bench "$name" 8070 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}" \
+    "${LEVELS:-1,64,256}" "${SWEEP_NAME:-run}: ${BIG:-/tmp/big}" "${BENCH_OUT:-$logs/$name}"
 }
 
 # One group against two groups (one GPU each) at saturation.
 twogroups() {
-  bigcfg two 127.0.0.1:8090 "  - {name: gpu0, gpus: [0], max_inflight: 256}
-  - {name: gpu1, gpus: [1], max_inflight: 256}"
-  "$bin" serve --config "$logs/two.yaml" > "$logs/two.log" 2>&1 &
-  pid=$!
-  wait_ready http://127.0.0.1:8090 300 || { echo "not ready"; tail -20 "$logs/two.log"; kill $pid; return 1; }
-  "$bin" bench --url http://127.0.0.1:8090 --concurrency ${LEVELS2:-256,512} --duration-per-level ${DUR:-12s} --warmup 4 \
-    --format pcm --quiet --label "two groups of one GPU" --out "${BENCH_OUT2:-$logs/bench-two}"
-  kill -TERM $pid; wait $pid
+  serve_bench two 8090 "  - {name: gpu0, gpus: [0], max_inflight: 256}
+  - {name: gpu1, gpus: [1], max_inflight: 256}" "${LEVELS2:-256,512}" "two groups of one GPU" "${BENCH_OUT2:-$logs/bench-two}"
 }
 
 for step in "$@"; do "$step"; done
