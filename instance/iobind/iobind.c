@@ -134,6 +134,16 @@ char* vx_bind_output_to(OrtIoBinding* b, const char* name, OrtMemoryInfo* mem) {
 	return status(api->BindOutputToDevice(b, name, mem), name);
 }
 
+char* vx_bind_output_value(OrtIoBinding* b, const char* name, OrtValue* v) {
+	return status(api->BindOutput(b, name, v), name);
+}
+
+char* vx_view(OrtMemoryInfo* mem, void* data, size_t bytes, const int64_t* shape, size_t rank, int elem, OrtValue** out) {
+	if (!mem) mem = host_mem;
+	return status(api->CreateTensorWithDataAsOrtValue(mem, data, bytes, shape, rank, (ONNXTensorElementDataType)elem, out),
+	              "CreateTensorWithDataAsOrtValue");
+}
+
 char* vx_bind_output_host(OrtIoBinding* b, const char* name) {
 	return status(api->BindOutputToDevice(b, name, host_mem), name);
 }

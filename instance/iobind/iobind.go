@@ -28,6 +28,7 @@ type Elem int
 // Element types used by the pipeline.
 const (
 	Float32 Elem = 1
+	Int32   Elem = 6
 	Int64   Elem = 7
 	Float16 Elem = 10
 )
@@ -37,7 +38,7 @@ func (e Elem) Size() int {
 	switch e {
 	case Float16:
 		return 2
-	case Float32:
+	case Float32, Int32:
 		return 4
 	case Int64:
 		return 8
@@ -182,7 +183,27 @@ func (s *Session) Alloc(shape []int64, e Elem) (*Tensor, error) {
 	return t, nil
 }
 
-// Host makes a tensor in host memory holding a copy of data ([]int64 or []float32).
+// View is a tensor of the given shape over t's memory from byte off on; it does not own the
+// memory, so t must outlive it. The LM's per-sequence slots of one shared cache are views.
+func (s *Session) View(t *Tensor, off int64, shape []int64) (*Tensor, error) {
+	v := &Tensor{Shape: append([]int64(nil), shape...), Elem: t.Elem, Device: t.Device, place: t.place}
+	if off < 0 || off+v.Bytes() > t.Bytes() {
+		return nil, fmt.Errorf("view %v at byte %d is outside a tensor of %d bytes", shape, off, t.Bytes())
+	}
+	sp, free := shapePtr(shape)
+	defer free()
+	v.data = unsafe.Add(t.data, off)
+	mem := s.mem
+	if !t.Device {
+		mem = nil // host memory: vx_view gets the CPU's memory info
+	}
+	if err := cerr(C.vx_view(mem, v.data, C.size_t(v.Bytes()), sp, C.size_t(len(shape)), C.int(t.Elem), &v.v)); err != nil {
+		return nil, fmt.Errorf("view %v: %w", shape, err)
+	}
+	return v, nil
+}
+
+// Host makes a tensor in host memory holding a copy of data ([]int64, []int32 or []float32).
 func Host(shape []int64, data any) (*Tensor, error) {
 	var e Elem
 	var src unsafe.Pointer
@@ -195,6 +216,11 @@ func Host(shape []int64, data any) (*Tensor, error) {
 		}
 	case []float32:
 		e, n = Float32, len(d)
+		if n > 0 {
+			src = unsafe.Pointer(&d[0])
+		}
+	case []int32:
+		e, n = Int32, len(d)
 		if n > 0 {
 			src = unsafe.Pointer(&d[0])
 		}
@@ -229,10 +255,12 @@ func (t *Tensor) Float32s() ([]float32, error) {
 	return out, nil
 }
 
-// Output asks Run for an output, on the session's device or in host memory.
+// Output asks Run for an output, on the session's device or in host memory, or written in place
+// into Into.
 type Output struct {
 	Name string
 	Host bool
+	Into *Tensor
 }
 
 // Run binds inputs (by name) and outputs, runs, and returns the outputs in order. Input tensors
@@ -250,9 +278,12 @@ func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, e
 	for _, o := range outputs {
 		cn := C.CString(o.Name)
 		var err error
-		if o.Host {
+		switch {
+		case o.Into != nil:
+			err = cerr(C.vx_bind_output_value(s.b, cn, o.Into.v))
+		case o.Host:
 			err = cerr(C.vx_bind_output_host(s.b, cn))
-		} else {
+		default:
 			err = cerr(C.vx_bind_output_to(s.b, cn, s.mem))
 		}
 		C.free(unsafe.Pointer(cn))
@@ -284,6 +315,9 @@ func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, e
 		}
 		t.Elem = Elem(elem)
 		t.Device = s.place.CUDA && !outputs[i].Host
+		if into := outputs[i].Into; into != nil {
+			t.Device = into.Device
+		}
 		out[i] = t
 	}
 	if len(out) != len(outputs) {

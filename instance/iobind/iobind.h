@@ -17,6 +17,10 @@ void vx_release(OrtValue* v);
 char* vx_bind_input(OrtIoBinding* b, const char* name, OrtValue* v);
 char* vx_bind_output_to(OrtIoBinding* b, const char* name, OrtMemoryInfo* mem);
 char* vx_bind_output_host(OrtIoBinding* b, const char* name);
+// Binds an output to an existing value, which the run then writes in place.
+char* vx_bind_output_value(OrtIoBinding* b, const char* name, OrtValue* v);
+// Wraps memory the caller owns (on mem's device) as a tensor; releasing it leaves the memory alone.
+char* vx_view(OrtMemoryInfo* mem, void* data, size_t bytes, const int64_t* shape, size_t rank, int elem, OrtValue** out);
 char* vx_run(OrtSession* s, OrtIoBinding* b, OrtValue*** outs, size_t* n);
 void vx_clear(OrtIoBinding* b);
 char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem);
