@@ -28,6 +28,7 @@ type lmRow struct {
 	mask []byte // per cache position: 1 where the sequence has a real token
 	pos  int64  // the sequence's next position id
 	real int    // number of real positions
+	slot int    // the row's slot in a shared cache
 }
 
 func newDecoder(m *Manifest, place iobind.Placement) (*decoder, error) {
@@ -46,6 +47,11 @@ func newDecoder(m *Manifest, place iobind.Placement) (*decoder, error) {
 	}
 	return d, nil
 }
+
+// limit: the concat cache grows as needed.
+func (d *decoder) limit() int { return 0 }
+
+func (d *decoder) size() int { return len(d.rows) }
 
 func (d *decoder) close() {
 	d.release()

@@ -1,17 +1,27 @@
 package instance
 
 import (
+	"context"
+	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/voxmux/voxmux/instance/iobind"
 )
 
-func newTestDecoder(t *testing.T) *decoder {
+// newTestDecoder loads the tiny model's LM with the given cache contract: "concat" (lm.onnx) or
+// "shared" (lm_shared.onnx, the same weights).
+func newTestDecoder(t *testing.T, cache string) lmDecoder {
 	t.Helper()
 	p := tinyPipeline(t) // initialises ONNX Runtime and iobind
 	t.Cleanup(func() { p.Close() })
-	d, err := newDecoder(p.m, iobind.Placement{})
+	m := *p.m
+	m.LM.Cache, m.LM.MaxPositions, m.LM.File = "concat", 0, "lm.onnx"
+	if cache == "shared" {
+		m.LM.Cache, m.LM.MaxPositions, m.LM.File = "shared", 96, "lm_shared.onnx"
+	}
+	d, err := newLMDecoder(&m, iobind.Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,29 +40,62 @@ func maxDiff(a, b []float32) float64 {
 // A sequence's logits must not depend on what else shares its batch: rows joining with longer
 // prompts (the cache grows under it), rows leaving, and compaction (its real positions move).
 func TestDecoderRowsAreIndependent(t *testing.T) {
-	m := newTestDecoder(t).m
-	promptA := m.Tokenize("short")
-	promptB := m.Tokenize("a much longer prompt than the first")
-	tokens := []int64{260, 270, 280, 290, 300, 310, 320, 321}
+	var want [][]float32 // B alone, concat cache: both contracts must give it
+	for _, cache := range []string{"concat", "shared"} {
+		t.Run(cache, func(t *testing.T) {
+			got := decodeBesideOthers(t, cache)
+			if want == nil {
+				want = decodeAlone(t, cache)
+			}
+			for i := range want {
+				if w := maxDiff(want[i], got[i]); w > 1e-4 {
+					t.Errorf("step %d: batched logits differ from alone (concat cache) by %g", i, w)
+				}
+			}
+			if alone := decodeAlone(t, cache); cache != "concat" {
+				for i := range want {
+					if w := maxDiff(want[i], alone[i]); w > 1e-4 {
+						t.Errorf("step %d: alone, the %s cache differs from the concat cache by %g", i, cache, w)
+					}
+				}
+			}
+		})
+	}
+}
 
-	// B alone: prefill, then decode every token.
-	alone := newTestDecoder(t)
-	rows, first, err := alone.join([][]int64{promptB})
+var (
+	testPromptA = "short"
+	testPromptB = "a much longer prompt than the first"
+	testTokens  = []int64{260, 270, 280, 290, 300, 310, 320, 321}
+)
+
+// decodeAlone prefills prompt B alone and decodes every test token.
+func decodeAlone(t *testing.T, cache string) [][]float32 {
+	alone := newTestDecoder(t, cache)
+	m := tinyManifest(t)
+	rows, first, err := alone.join([][]int64{m.Tokenize(testPromptB)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := [][]float32{first[0]}
-	for _, tok := range tokens {
+	for _, tok := range testTokens {
 		l, err := alone.step(rows, []int64{tok})
 		if err != nil {
 			t.Fatal(err)
 		}
 		want = append(want, l[0])
 	}
+	return want
+}
 
-	// B shares the batch: A runs first; B joins with a longer prompt after A's steps; A leaves
-	// and the cache is compacted in the middle of B's decoding.
-	d := newTestDecoder(t)
+// decodeBesideOthers runs B in a shared batch: A runs first; B joins with a longer prompt after
+// A's steps; A leaves and the cache is compacted in the middle of B's decoding.
+func decodeBesideOthers(t *testing.T, cache string) [][]float32 {
+	m := tinyManifest(t)
+	promptA := m.Tokenize(testPromptA)
+	promptB := m.Tokenize(testPromptB)
+	tokens := testTokens
+	d := newTestDecoder(t, cache)
 	ra, _, err := d.join([][]int64{promptA})
 	if err != nil {
 		t.Fatal(err)
@@ -79,8 +122,15 @@ func TestDecoderRowsAreIndependent(t *testing.T) {
 			if err := d.compact(); err != nil {
 				t.Fatal(err)
 			}
-			if len(d.rows) != 1 || d.P != rb[0].real {
-				t.Fatalf("after compaction: %d rows, P %d, want 1 row and P %d", len(d.rows), d.P, rb[0].real)
+			switch d := d.(type) {
+			case *decoder:
+				if len(d.rows) != 1 || d.P != rb[0].real {
+					t.Fatalf("after compaction: %d rows, P %d, want 1 row and P %d", len(d.rows), d.P, rb[0].real)
+				}
+			case *sharedDecoder:
+				if d.size() != 1 || rb[0].slot != 0 {
+					t.Fatalf("after compaction: %d rows, B in slot %d, want 1 row in slot 0", d.size(), rb[0].slot)
+				}
 			}
 		}
 		l, err := d.step(rowsNow, toks)
@@ -89,9 +139,37 @@ func TestDecoderRowsAreIndependent(t *testing.T) {
 		}
 		got = append(got, l[0])
 	}
-	for i := range want {
-		if w := maxDiff(want[i], got[i]); w > 1e-4 {
-			t.Errorf("step %d: batched logits differ from alone by %g", i, w)
-		}
+	return got
+}
+
+func tinyManifest(t *testing.T) *Manifest {
+	t.Helper()
+	m, err := LoadManifest("../models/tiny/pipeline.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// With the shared cache a request must fit lm.max_positions: text that cannot is refused before
+// it reaches the LM, naming the limit, and text that fits is cut to the room left.
+func TestSharedCacheLimit(t *testing.T) {
+	m := tinyManifest(t)
+	m.LM.MaxPositions = 40
+	p, err := loadPipeline(m, LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t)}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := NewEngine(p)
+	defer e.Close()
+	err = e.Synthesize(context.Background(), Request{Text: strings.Repeat("long text ", 3), Voice: "default"}, func(Chunk) error { return nil })
+	var ie *Error
+	if !errors.As(err, &ie) || ie.Kind != ErrInvalid || !strings.Contains(ie.Msg, "lm.max_positions") {
+		t.Fatalf("30 characters in 40 positions: err %v, want ErrInvalid naming lm.max_positions", err)
+	}
+	// 4 characters: a prompt of 6 and at most 16 tokens fit.
+	pcm := synth(t, e, Request{Text: "okay", Voice: "default"})
+	if len(pcm) == 0 {
+		t.Fatal("no audio for text that fits")
 	}
 }

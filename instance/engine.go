@@ -113,6 +113,13 @@ func (e *Engine) Synthesize(ctx context.Context, req Request, emit func(Chunk) e
 	}
 	s := e.newStream(ctx, req)
 	defer s.cancel()
+	if lim := e.p.lm.limit(); lim > 0 {
+		// The LM's cache holds the prompt and every speech token but the last.
+		if len(s.prompt)+s.minTok > lim {
+			return &Error{Kind: ErrInvalid, Msg: fmt.Sprintf("text is too long for model %s: its %d prompt tokens and at least %d speech tokens need more than the LM's %d positions (lm.max_positions)", e.p.m.Name, len(s.prompt), s.minTok, lim)}
+		}
+		s.maxTok = min(s.maxTok, lim-len(s.prompt))
+	}
 	select {
 	case e.arrivals <- s:
 	case <-ctx.Done():

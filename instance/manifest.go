@@ -48,6 +48,10 @@ type LMSpec struct {
 	MinTokensPerChar  float64 `yaml:"min_tokens_per_char"`
 	MaxTokensPerChar  float64 `yaml:"max_tokens_per_char"`
 	MaxTokens         int     `yaml:"max_tokens"`
+	// Cache is the key/value cache's contract: "concat" (the graph returns past + new) or
+	// "shared" (one buffer per layer of MaxPositions positions per sequence, written in place).
+	Cache        string `yaml:"cache"`
+	MaxPositions int    `yaml:"max_positions"`
 }
 
 // FlowSpec describes the flow-matching encoder and estimator.
@@ -107,6 +111,9 @@ func (m *Manifest) defaults() {
 	if m.LM.MaxTokens == 0 {
 		m.LM.MaxTokens = 4000
 	}
+	if m.LM.Cache == "" {
+		m.LM.Cache = "concat"
+	}
 	if m.Flow.FramesPerToken == 0 {
 		m.Flow.FramesPerToken = 2
 	}
@@ -134,6 +141,9 @@ func (m *Manifest) validate() error {
 	need(m.LM.MaxTokensPerChar > 0, "lm.max_tokens_per_char", "must be positive")
 	need(m.LM.MinTokensPerChar >= 0 && m.LM.MinTokensPerChar <= m.LM.MaxTokensPerChar, "lm.min_tokens_per_char", "must be between 0 and lm.max_tokens_per_char")
 	need(m.LM.MaxTokens > 0, "lm.max_tokens", "must be positive")
+	need(m.LM.Cache == "concat" || m.LM.Cache == "shared", "lm.cache", fmt.Sprintf("%q is not concat or shared", m.LM.Cache))
+	need(m.LM.Cache != "shared" || m.LM.MaxPositions > 1, "lm.max_positions", "must be more than 1 with lm.cache: shared")
+	need(m.LM.Cache == "shared" || m.LM.MaxPositions == 0, "lm.max_positions", "applies only to lm.cache: shared")
 	need(m.Flow.MelBins > 0, "flow.mel_bins", "must be positive")
 	need(m.Flow.Steps > 0, "flow.steps", "must be positive")
 	need(m.Flow.CFGStrength >= 0, "flow.cfg_strength", "must not be negative")

@@ -13,7 +13,7 @@ type Pipeline struct {
 	m    *Manifest
 	rt   *runtime // the LM's
 	rt2  *runtime // the flow's and vocoder's (rt itself unless split)
-	lm   *decoder
+	lm   lmDecoder
 	flow *flowStage
 	voc  *vocoderStage
 }
@@ -41,7 +41,7 @@ func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, e
 		}
 	}
 	if err = iobind.Init(cfg.ORTLibrary); err == nil {
-		p.lm, err = newDecoder(m, rt.placement())
+		p.lm, err = newLMDecoder(m, rt.placement())
 	}
 	if err == nil {
 		if p.flow, err = newFlowStage(p.rt2, m); err == nil {

@@ -26,8 +26,8 @@ func TestProfileStages(t *testing.T) {
 		t.Errorf("batches %d, %d; want 1, 3", res[0].Batch, res[3].Batch)
 	}
 	// The decoder is empty again: a later request starts from a clean batch.
-	if len(p.lm.rows) != 0 {
-		t.Errorf("%d LM rows left after profiling", len(p.lm.rows))
+	if p.lm.size() != 0 {
+		t.Errorf("%d LM rows left after profiling", p.lm.size())
 	}
 	if _, err := p.ProfileStages([]int{1}, []int{6}, 0, nil); err == nil || !strings.Contains(err.Error(), "runs") {
 		t.Errorf("runs 0: err %v, want one naming runs", err)

@@ -9,6 +9,13 @@ by hand, not by this script). The weights are random, so the audio is noise, but
 is the real thing: a grouped-query-attention decoder with an explicit KV cache, a masked
 flow-matching encoder and estimator, and a causal, bias-free HiFi-GAN-style vocoder.
 
+It also writes lm_shared.onnx: the same LM with the same weights (copied from lm.onnx, no new random
+draws), but with its KV cache in ONNX Runtime's shared-buffer form: fixed-size past_key.N /
+past_value.N [B, 2, max_positions, 16] that present_key.N / present_value.N alias, updated in place
+by the contrib op com.microsoft.GroupQueryAttention. Its inputs are input_ids, seqlens_k (int32 [B]:
+cached + T - 1 per row) and total_sequence_length (int32 scalar); a token's position is its cache
+index, derived from seqlens_k in the graph, so there is no position_ids or attention_mask input.
+
 Needs only the `onnx` and `numpy` packages (Debian: python3-onnx, python3-numpy); graphs are built
 by hand with onnx.helper. The output is deterministic: the same onnx version writes byte-identical
 files on every run (fixed seed, no timestamps, fixed producer fields).
@@ -49,6 +56,7 @@ assert Q_HEADS % KV_HEADS == 0
 
 FLOAT = TensorProto.FLOAT
 INT64 = TensorProto.INT64
+INT32 = TensorProto.INT32
 
 
 class GraphBuilder:
@@ -138,10 +146,12 @@ class GraphBuilder:
         s = self.op("Sigmoid", name + "/sigmoid", [x])
         return self.op("Mul", name + "/gate", [x, s])
 
-    def model(self, graph_name, doc, inputs, outputs):
+    def model(self, graph_name, doc, inputs, outputs, extra_opsets=()):
         graph = helper.make_graph(self.nodes, graph_name, inputs, outputs, self.inits,
                                   doc_string=doc)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+        opsets = [helper.make_opsetid("", OPSET)]
+        opsets += [helper.make_opsetid(domain, version) for domain, version in extra_opsets]
+        m = helper.make_model(graph, opset_imports=opsets,
                               producer_name=PRODUCER, producer_version=PRODUCER_VERSION,
                               doc_string=doc)
         m.ir_version = IR_VERSION
@@ -270,6 +280,126 @@ def build_lm(rng):
            "(present = concat(past, new) on axis 2). Vocabulary 323 = 259 text ids + 64 speech "
            "tokens; logits over 64 speech tokens + end of speech (index 64).")
     return g.model("voxmux_tiny_lm", doc, inputs, outputs)
+
+
+def build_lm_shared(lm):
+    """lm.onnx's function with a shared-buffer KV cache updated by com.microsoft.GroupQueryAttention.
+
+    Takes every weight from the built lm.onnx model `lm` (same names, same bytes), so it draws no
+    random numbers. Differences from lm.onnx are only in the cache handling:
+      - past_key.N/past_value.N are [B, 2, max_positions, 16] buffers holding each row's positions
+        0..cached-1 with no gaps; present_key.N/present_value.N have the same shape and are meant to
+        be bound to the same buffers (ORT's "past_present_share_buffer": the new keys and values are
+        written in place at positions cached..cached+T-1).
+      - a token's position is its cache index: cached + t, with cached = seqlens_k + 1 - T per row,
+        except on a first prompt (T == total_sequence_length), where it is t, as in ORT's own
+        GroupQueryAttention (right-padded rows keep their real tokens at 0..len-1).
+      - GroupQueryAttention masks by seqlens_k (causal, keys 0..seqlens_k[b]); do_rotary=0, since
+        lm.onnx has no rotary embedding: its positions are sinusoidal embeddings added to the token
+        embedding, which this graph computes the same way from the derived positions.
+    """
+    weights = {t.name: numpy_helper.to_array(t) for t in lm.graph.initializer}
+    g = GraphBuilder(None)
+
+    def w(name):
+        return g.init(name, weights[name])
+
+    B, T, M = "batch", "seq", "max_positions"
+    inputs = [
+        tensor("input_ids", INT64, [B, T], "token ids: text ids 0..258, speech token k as 259+k"),
+        tensor("seqlens_k", INT32, [B],
+               "per row: (positions already in its cache + T) - 1"),
+        tensor("total_sequence_length", INT32, [],
+               "max over rows of (positions already in the cache + T)"),
+    ]
+    outputs = [tensor("logits", FLOAT, [B, T, SPEECH_VOCAB + 1],
+                      "next-token scores; index 64 is end of speech")]
+    for n in range(LAYERS):
+        inputs.append(tensor("past_key.%d" % n, FLOAT, [B, KV_HEADS, M, HEAD_DIM],
+                             "key cache buffer of layer %d; row b holds positions "
+                             "0..seqlens_k[b]-T" % n))
+        inputs.append(tensor("past_value.%d" % n, FLOAT, [B, KV_HEADS, M, HEAD_DIM],
+                             "value cache buffer of layer %d" % n))
+        outputs.append(tensor("present_key.%d" % n, FLOAT, [B, KV_HEADS, M, HEAD_DIM],
+                              "past_key.%d with the new keys written at their positions; bind "
+                              "to the same buffer as past_key.%d" % (n, n)))
+        outputs.append(tensor("present_value.%d" % n, FLOAT, [B, KV_HEADS, M, HEAD_DIM],
+                              "past_value.%d with the new values written at their positions; "
+                              "bind to the same buffer as past_value.%d" % (n, n)))
+
+    # Positions [B,T]: first prompt t, otherwise seqlens_k + 1 - T + t.
+    t_len = g.op("Shape", "positions/new_len", ["input_ids"], start=1, end=2)       # [1]
+    t_scalar = g.op("Squeeze", "positions/new_len_scalar", [t_len])
+    zero = g.const_i64("positions/zero", 0)
+    one = g.const_i64("positions/one", 1)
+    steps = g.op("Range", "positions/steps", [zero, t_scalar, one])                # [T]: t
+    seqlens = g.op("Cast", "positions/seqlens_k_i64", ["seqlens_k"], to=INT64)
+    seqlens = g.op("Unsqueeze", "positions/seqlens_k_col",
+                   [seqlens, g.const_i64("positions/axes1", [1])])                 # [B,1]
+    total = g.op("Add", "positions/row_total", [seqlens, one])                      # cached + T
+    cached = g.op("Sub", "positions/row_cached", [total, t_len])                    # [B,1]
+    total_len = g.op("Cast", "positions/total_len", ["total_sequence_length"], to=INT64)
+    first = g.op("Equal", "positions/first_prompt", [t_scalar, total_len])
+    start = g.op("Where", "positions/start", [first, zero, cached])                 # [B,1]
+    position_ids = g.op("Add", "positions/position_ids", [start, steps])            # [B,T]
+
+    # Token embedding + sinusoidal position embedding, exactly as in lm.onnx.
+    h = g.op("Gather", "embed_tokens/gather", [w("embed_tokens.weight"), "input_ids"], axis=0)
+    pos = g.op("Cast", "pos_emb/cast", [position_ids], to=FLOAT)
+    pos = g.op("Unsqueeze", "pos_emb/unsqueeze", [pos, w("pos_emb/axes")])
+    ang = g.op("Mul", "pos_emb/angles", [pos, w("pos_emb/inv_freq")])               # [B,T,32]
+    sin = g.op("Sin", "pos_emb/sin", [ang])
+    cos = g.op("Cos", "pos_emb/cos", [ang])
+    pe = g.op("Concat", "pos_emb/concat", [sin, cos], axis=-1)                      # [B,T,64]
+    h = g.op("Add", "embed/add_positions", [h, pe])
+
+    def layer_norm(name, x):
+        return g.op("LayerNormalization", name + "/layer_norm",
+                    [x, w(name + ".weight"), w(name + ".bias")], axis=-1, epsilon=1e-5)
+
+    def linear(name, x, bias=True):
+        y = g.op("MatMul", name + "/matmul", [x, w(name + ".weight")])
+        if bias:
+            y = g.op("Add", name + "/add_bias", [y, w(name + ".bias")])
+        return y
+
+    for n in range(LAYERS):
+        L = "layers.%d" % n
+        x = layer_norm(L + ".input_norm", h)
+        q = linear(L + ".attn.q_proj", x, bias=False)                              # [B,T,64]
+        k = linear(L + ".attn.k_proj", x, bias=False)                              # [B,T,32]
+        v = linear(L + ".attn.v_proj", x, bias=False)                              # [B,T,32]
+        # Query head h uses kv head h // GROUP, as in lm.onnx (h = kv_head * GROUP + g).
+        ctx = g.op("GroupQueryAttention", L + ".attn/group_query_attention",
+                   [q, k, v, "past_key.%d" % n, "past_value.%d" % n, "seqlens_k",
+                    "total_sequence_length"],
+                   out=[L + ".attn/context", "present_key.%d" % n, "present_value.%d" % n],
+                   domain="com.microsoft", num_heads=Q_HEADS, kv_num_heads=KV_HEADS,
+                   scale=float(1.0 / np.sqrt(HEAD_DIM)), do_rotary=0)[0]              # [B,T,64]
+        o = linear(L + ".attn.o_proj", ctx, bias=False)
+        h = g.op("Add", L + "/attn_residual", [h, o])
+
+        x = layer_norm(L + ".post_attention_norm", h)
+        x = linear(L + ".mlp.up_proj", x)
+        s = g.op("Mul", L + ".mlp.act/scale", [x, w(L + ".mlp.act/k")])
+        s = g.op("Sigmoid", L + ".mlp.act/sigmoid", [s])
+        x = g.op("Mul", L + ".mlp.act/gate", [x, s])
+        x = linear(L + ".mlp.down_proj", x)
+        h = g.op("Add", L + "/mlp_residual", [h, x])
+
+    h = layer_norm("final_norm", h)
+    y = g.op("MatMul", "lm_head/matmul", [h, w("lm_head.weight")])
+    g.op("Add", "lm_head/add_bias", [y, w("lm_head.bias")], out="logits")
+
+    doc = ("voxmux tiny LM (random weights), shared-buffer KV cache: the same function and "
+           "weights as lm.onnx, with attention by com.microsoft.GroupQueryAttention over "
+           "fixed-size cache buffers [B, 2, max_positions, 16] that present_* alias "
+           "(past_present_share_buffer). Inputs input_ids, seqlens_k (cached + T - 1 per row), "
+           "total_sequence_length; positions are cache indices (cached + t), so there is no "
+           "position_ids or attention_mask input. No rotary embedding (do_rotary=0): sinusoidal "
+           "positions are added to the token embedding, as in lm.onnx.")
+    return g.model("voxmux_tiny_lm_shared", doc, inputs, outputs,
+                   extra_opsets=[("com.microsoft", 1)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -414,11 +544,13 @@ def main(argv):
     os.makedirs(out_dir, exist_ok=True)
 
     rng = np.random.default_rng(SEED)
+    lm = build_lm(rng)
     models = [
-        ("lm.onnx", build_lm(rng)),
+        ("lm.onnx", lm),
         ("flow_encoder.onnx", build_flow_encoder(rng)),
         ("flow_estimator.onnx", build_flow_estimator(rng)),
         ("vocoder.onnx", build_vocoder(rng)),
+        ("lm_shared.onnx", build_lm_shared(lm)),   # after the others: draws no random numbers
     ]
     for fname, m in models:
         path = os.path.join(out_dir, fname)

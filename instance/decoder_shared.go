@@ -1,0 +1,336 @@
+package instance
+
+import (
+	"fmt"
+
+	"github.com/voxmux/voxmux/instance/iobind"
+)
+
+// lmDecoder runs the LM over a batch of sequences that join and leave between steps; there is
+// one implementation per key/value cache contract (manifest lm.cache).
+type lmDecoder interface {
+	// join prefills prompts as new rows and returns each one's logits for its next token.
+	join(prompts [][]int64) ([]*lmRow, [][]float32, error)
+	// step feeds tokens[i] to rows[i] and returns the rows' logits.
+	step(rows []*lmRow, tokens []int64) ([][]float32, error)
+	// leave drops a row.
+	leave(r *lmRow)
+	// compact reclaims what rows that left held, when enough of it has piled up.
+	compact() error
+	// size is the number of rows in the batch.
+	size() int
+	// limit is the most positions (prompt and speech tokens) one sequence may hold; 0: no bound.
+	limit() int
+	release()
+	close()
+}
+
+func newLMDecoder(m *Manifest, place iobind.Placement) (lmDecoder, error) {
+	// Return a nil interface, never a nil pointer in one, on error.
+	if m.LM.Cache == "shared" {
+		if d, err := newSharedDecoder(m, place); err == nil {
+			return d, nil
+		} else {
+			return nil, err
+		}
+	}
+	if d, err := newDecoder(m, place); err == nil {
+		return d, nil
+	} else {
+		return nil, err
+	}
+}
+
+// sharedDecoder runs an LM whose cache is one buffer per layer, [slots, kv_heads, max_positions,
+// head_dim], that the graph writes in place (ONNX Runtime's GroupQueryAttention with past and
+// present bound to the same memory). Each sequence owns a slot and its tokens sit at positions
+// 0..n-1 of it, so nothing is copied per step (the concat contract copies the whole cache every
+// step) and the graph needs no attention mask or position ids: its kernels take each row's length
+// from seqlens_k. A decode step runs over slots 0..top, so compaction moves rows down into free
+// slots.
+type sharedDecoder struct {
+	m       *Manifest
+	s       *iobind.Session
+	elem    iobind.Elem
+	maxPos  int
+	kv      []*iobind.Tensor // key0, value0, key1, ...: [len(slots), H, maxPos, D]
+	slots   []*lmRow         // nil where free
+	ins     []string         // past tensor names, in kv order
+	outs    []string         // present tensor names, in kv order
+	logits  string
+	ids     string
+	seqlens string
+	total   string
+}
+
+func newSharedDecoder(m *Manifest, place iobind.Placement) (*sharedDecoder, error) {
+	s, err := iobind.Open(m.Path(m.LM.File), place)
+	if err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	d := &sharedDecoder{m: m, s: s, elem: iobind.Float32, maxPos: m.LM.MaxPositions,
+		logits: m.Tensor("logits"), ids: m.Tensor("input_ids"), seqlens: m.Tensor("seqlens_k"),
+		total: m.Tensor("total_sequence_length")}
+	if m.DType == "float16" {
+		d.elem = iobind.Float16
+	}
+	for l := 0; l < m.LM.Layers; l++ {
+		d.ins = append(d.ins, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
+		d.outs = append(d.outs, m.Tensor(fmt.Sprintf("present_key.%d", l)), m.Tensor(fmt.Sprintf("present_value.%d", l)))
+	}
+	return d, nil
+}
+
+func (d *sharedDecoder) limit() int { return d.maxPos }
+
+func (d *sharedDecoder) size() int {
+	n := 0
+	for _, r := range d.slots {
+		if r != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func (d *sharedDecoder) close() {
+	d.release()
+	d.s.Close()
+}
+
+func (d *sharedDecoder) release() {
+	release(d.kv)
+	d.kv, d.slots = nil, nil
+}
+
+// posBytes is the size of one position of one head; slotBytes of one sequence's slot.
+func (d *sharedDecoder) posBytes() int64 { return int64(d.m.LM.HeadDim * d.elem.Size()) }
+func (d *sharedDecoder) slotBytes() int64 {
+	return int64(d.m.LM.KVHeads) * int64(d.maxPos) * d.posBytes()
+}
+
+// grow makes room for n slots, doubling so that joins rarely reallocate.
+func (d *sharedDecoder) grow(n int) error {
+	if n <= len(d.slots) {
+		return nil
+	}
+	c := max(8, len(d.slots))
+	for c < n {
+		c *= 2
+	}
+	H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
+	next := make([]*iobind.Tensor, len(d.ins))
+	for i := range next {
+		t, err := d.s.Alloc([]int64{int64(c), H, int64(d.maxPos), D}, d.elem)
+		if err == nil && len(d.kv) > 0 {
+			next[i] = t
+			err = iobind.Copy2D(t, 0, 0, d.kv[i], 0, 0, d.kv[i].Bytes(), 1)
+		}
+		if err != nil {
+			t.Release()
+			release(next)
+			return fmt.Errorf("lm cache for %d sequences: %w", c, err)
+		}
+		next[i] = t
+	}
+	release(d.kv)
+	d.kv = next
+	d.slots = append(d.slots, make([]*lmRow, c-len(d.slots))...)
+	return nil
+}
+
+// views are the cache tensors over slots [from, from+n).
+func (d *sharedDecoder) views(from, n int) ([]*iobind.Tensor, error) {
+	shape := []int64{int64(n), int64(d.m.LM.KVHeads), int64(d.maxPos), int64(d.m.LM.HeadDim)}
+	vs := make([]*iobind.Tensor, len(d.kv))
+	for i, t := range d.kv {
+		v, err := d.s.View(t, int64(from)*d.slotBytes(), shape)
+		if err != nil {
+			release(vs)
+			return nil, err
+		}
+		vs[i] = v
+	}
+	return vs, nil
+}
+
+// run feeds B rows of T tokens to the slots [from, from+B); seqlens[b] is row b's length after
+// the run, minus one. It returns the logits.
+func (d *sharedDecoder) run(from, B, T int, ids []int64, seqlens []int32) ([]float32, error) {
+	total := int32(0)
+	for _, s := range seqlens {
+		total = max(total, s+1)
+	}
+	if int(total) > d.maxPos {
+		return nil, fmt.Errorf("lm: a sequence needs %d positions, over lm.max_positions (%d)", total, d.maxPos)
+	}
+	cache, err := d.views(from, B)
+	if err != nil {
+		return nil, err
+	}
+	defer release(cache)
+	var host []*iobind.Tensor
+	defer func() { release(host) }()
+	in := map[string]*iobind.Tensor{}
+	for _, h := range []struct {
+		name  string
+		shape []int64
+		data  any
+	}{
+		{d.ids, []int64{int64(B), int64(T)}, ids},
+		{d.seqlens, []int64{int64(B)}, seqlens},
+		{d.total, []int64{}, []int32{total}},
+	} {
+		t, err := iobind.Host(h.shape, h.data)
+		if err != nil {
+			return nil, err
+		}
+		host = append(host, t)
+		in[h.name] = t
+	}
+	outs := []iobind.Output{{Name: d.logits, Host: true}}
+	for i, v := range cache {
+		in[d.ins[i]] = v
+		outs = append(outs, iobind.Output{Name: d.outs[i], Into: v})
+	}
+	res, err := d.s.Run(in, outs)
+	if err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	defer release(res)
+	logits, err := res[0].Float32s()
+	if err != nil {
+		return nil, err
+	}
+	V := d.m.LM.SpeechVocab + 1
+	if len(logits) != B*T*V {
+		return nil, fmt.Errorf("lm: logits have %d values, want B·T·(speech_vocab+1) = %d", len(logits), B*T*V)
+	}
+	return logits, nil
+}
+
+func (d *sharedDecoder) freeSlot() (int, error) {
+	for i, r := range d.slots {
+		if r == nil {
+			return i, nil
+		}
+	}
+	n := len(d.slots)
+	return n, d.grow(n + 1)
+}
+
+// join prefills each prompt alone in a free slot: the kernels take a batch of prompts only when
+// its rows are adjacent slots, and a prefill is one short run.
+func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
+	V := d.m.LM.SpeechVocab + 1
+	rows := make([]*lmRow, 0, len(prompts))
+	out := make([][]float32, 0, len(prompts))
+	for _, p := range prompts {
+		T := len(p)
+		if T == 0 {
+			return d.unjoin(rows), nil, fmt.Errorf("lm: empty prompt")
+		}
+		slot, err := d.freeSlot()
+		if err != nil {
+			return d.unjoin(rows), nil, err
+		}
+		logits, err := d.run(slot, 1, T, p, []int32{int32(T - 1)})
+		if err != nil {
+			return d.unjoin(rows), nil, err
+		}
+		r := &lmRow{live: true, pos: int64(T), real: T, slot: slot}
+		d.slots[slot] = r
+		rows = append(rows, r)
+		out = append(out, append([]float32(nil), logits[(T-1)*V:T*V]...))
+	}
+	return rows, out, nil
+}
+
+// unjoin frees the slots of rows a failed join had already placed.
+func (d *sharedDecoder) unjoin(rows []*lmRow) []*lmRow {
+	for _, r := range rows {
+		d.leave(r)
+	}
+	return nil
+}
+
+// step runs one position for every slot up to the highest one in use. A live row that is not
+// stepped gets a placeholder at its next position, which attends only to its own past and is
+// overwritten when the row steps; free slots get one at position 0.
+func (d *sharedDecoder) step(rows []*lmRow, tokens []int64) ([][]float32, error) {
+	n := 0
+	for i, r := range d.slots {
+		if r != nil {
+			n = i + 1
+		}
+	}
+	ids := make([]int64, n)
+	seqlens := make([]int32, n)
+	for b := 0; b < n; b++ {
+		if r := d.slots[b]; r != nil {
+			seqlens[b] = int32(r.pos)
+		}
+	}
+	for i, r := range rows {
+		if !r.live || r.slot >= n || d.slots[r.slot] != r {
+			return nil, fmt.Errorf("lm: step for a sequence that is not in the batch")
+		}
+		ids[r.slot] = tokens[i]
+	}
+	logits, err := d.run(0, n, 1, ids, seqlens)
+	if err != nil {
+		return nil, err
+	}
+	V := d.m.LM.SpeechVocab + 1
+	out := make([][]float32, len(rows))
+	for i, r := range rows {
+		out[i] = append([]float32(nil), logits[r.slot*V:(r.slot+1)*V]...)
+		r.pos++
+		r.real++
+	}
+	return out, nil
+}
+
+func (d *sharedDecoder) leave(r *lmRow) {
+	r.live = false
+	if r.slot < len(d.slots) && d.slots[r.slot] == r {
+		d.slots[r.slot] = nil
+	}
+}
+
+// compact moves the rows in the highest slots down into free ones once a step runs over
+// noticeably more slots than there are rows.
+func (d *sharedDecoder) compact() error {
+	live, top := 0, 0
+	for i, r := range d.slots {
+		if r != nil {
+			live++
+			top = i + 1
+		}
+	}
+	if top <= live+live/8 {
+		return nil
+	}
+	H := int64(d.m.LM.KVHeads)
+	pitch := int64(d.maxPos) * d.posBytes()
+	free := 0
+	for j := top - 1; j >= live; j-- {
+		r := d.slots[j]
+		if r == nil {
+			continue
+		}
+		for d.slots[free] != nil {
+			free++
+		}
+		for _, t := range d.kv {
+			// The row's real positions, for every head.
+			err := iobind.Copy2D(t, int64(free)*d.slotBytes(), pitch, t, int64(j)*d.slotBytes(), pitch, r.pos*d.posBytes(), H)
+			if err != nil {
+				return fmt.Errorf("lm: compact: %w", err)
+			}
+		}
+		d.slots[free], d.slots[j] = r, nil
+		r.slot = free
+	}
+	return nil
+}
