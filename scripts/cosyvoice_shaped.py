@@ -219,6 +219,32 @@ class ReshapeOp(torch.autograd.Function):
         return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
 
 
+class GroupQueryAttentionOp(torch.autograd.Function):
+    """Decoder attention over a key/value cache that is written in place: q [B,T,896], k and v
+    [B,T,128], caches [B,2,max_positions,64] holding each row's positions 0..n-1; exported as
+    com.microsoft GroupQueryAttention with RoPE inside (do_rotary, rotate-half), which takes each
+    row's length from seqlens_k (length after this run, minus one) and the positions from it.
+    When the caller binds past and present to the same memory, ONNX Runtime appends the new keys
+    in place (past_present_share_buffer): no copy of the cache per step, no attention mask and no
+    shape arithmetic in the graph. forward only gives tracing the shapes; the export's checks
+    compare the graph with SpeechLM's plain arithmetic."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
+        return q.clone(), past_k.clone(), past_v.clone()
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
+        out, pk, pv = g.op(MS_DOMAIN + "::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
+                           total_len, cos_cache, sin_cache, num_heads_i=LM_Q_HEADS,
+                           kv_num_heads_i=LM_KV_HEADS, do_rotary_i=1, rotary_interleaved_i=0,
+                           outputs=3)
+        out.setType(q.type())
+        pk.setType(past_k.type())
+        pv.setType(past_v.type())
+        return out, pk, pv
+
+
 def fix_attention_inputs(model):
     """Puts AttentionOp's bias in MultiHeadAttention's attention_bias slot: inputs
     (query, key, value, bias, key_padding_mask, attention_bias), the two between left empty."""
@@ -349,6 +375,20 @@ class LMLayer(nn.Module):
         h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return h, k, v
 
+    def forward_shared(self, h, seqlens_k, total_len, cos_cache, sin_cache, past_k, past_v):
+        """The fused layer over a shared cache (GroupQueryAttentionOp)."""
+        at = self.self_attn
+        QD, KD = LM_Q_HEADS * LM_HEAD_DIM, LM_KV_HEADS * LM_HEAD_DIM
+        w = torch.cat((at.q_proj.weight, at.k_proj.weight, at.v_proj.weight))
+        b = torch.cat((at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
+        q, k, v = F.linear(self.input_layernorm(h), w, b).split([QD, KD, KD], dim=-1)
+        ctx, pk, pv = GroupQueryAttentionOp.apply(q, k, v, past_k, past_v, seqlens_k, total_len,
+                                                  cos_cache, sin_cache)
+        h = h + at.o_proj(ctx)
+        x = self.post_attention_layernorm(h)
+        g, u = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(g) * u), pk, pv
+
 
 def lm_attention_bias(attention_mask, past_len, new_len):
     """[B,1,1,T,S] float32: 0 where new token t may attend slot j, -1e9 elsewhere.
@@ -395,6 +435,34 @@ class SpeechLM(nn.Module):
             presents += [k, v]
         logits = self.lm_head(self.norm(h)).to(torch.float32)
         return (logits, *presents)
+
+
+class SharedCacheLM(nn.Module):
+    """SpeechLM's export with the shared cache contract (docs/pipeline.md, lm.cache: shared):
+    forward(input_ids, seqlens_k, total_sequence_length, past_key.0, past_value.0, ...)
+    -> (logits float32 [B,T,6562], present_key.0, present_value.0, ...), presents the same shape
+    as pasts, [B, 2, max_positions, 64]. Same weights as the SpeechLM it wraps."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids, seqlens_k, total_len, *past):
+        lm = self.lm
+        h = lm.embed_tokens(input_ids)
+        cos, sin = lm.rope_cos.to(h.dtype), lm.rope_sin.to(h.dtype)
+        presents = []
+        for i, layer in enumerate(lm.layers):
+            h, k, v = layer.forward_shared(h, seqlens_k, total_len, cos, sin, past[2 * i], past[2 * i + 1])
+            presents += [k, v]
+        return (lm.lm_head(lm.norm(h)).to(torch.float32), *presents)
+
+
+def lm_shared_input_names():
+    names = ["input_ids", "seqlens_k", "total_sequence_length"]
+    for n in range(LM_LAYERS):
+        names += ["past_key.%d" % n, "past_value.%d" % n]
+    return names
 
 
 def lm_input_names():

@@ -2,7 +2,8 @@
 """Exports the CosyVoice3-0.5B-shaped benchmark pipeline (random weights) for voxmux.
 
     usage: scripts/export_cosyvoice_shaped.py OUT_DIR [--dtype float16|float32] [--device cuda|cpu]
-                                              [--opset 17] [--plain] [--no-verify]
+                                              [--opset 17] [--plain] [--cache shared|concat]
+                                              [--no-verify]
 
 Writes OUT_DIR/lm.onnx, flow_encoder.onnx, flow_estimator.onnx, vocoder.onnx (the stage contract of
 docs/pipeline.md, dynamic batch and length axes), OUT_DIR/pipeline.yaml (the manifest) and
@@ -42,6 +43,9 @@ MAX_TOKENS = 4000
 STEPS = 10              # CosyVoice3 flow: n_timesteps=10, Euler
 CFG_STRENGTH = 0.7      # CosyVoice3 inference_cfg_rate
 CHUNK_TOKENS = [15, 50, 100]
+# Positions of one sequence's slot in the shared cache: a prompt and its speech tokens; text of up
+# to about 600 characters (Latin script) fits. 25 MB of float16 cache per sequence.
+MAX_POSITIONS = 2048
 
 
 def context_tokens():
@@ -63,7 +67,7 @@ tokenizer:
   bos: {bos}
 lm:
   file: lm.onnx
-  layers: {layers}
+{cache}  layers: {layers}
   kv_heads: {kv_heads}
   head_dim: {head_dim}
   speech_vocab: {speech_vocab}
@@ -89,9 +93,13 @@ streaming:
 """
 
 
-def write_manifest(out_dir, dtype_name):
+def write_manifest(out_dir, dtype_name, cache):
     ctx = context_tokens()
-    text = MANIFEST.format(
+    cache_lines = ""
+    if cache == "shared":
+        cache_lines = "  cache: shared              # one in-place buffer per layer (GroupQueryAttention)\n" \
+                      "  max_positions: %d        # prompt and speech tokens of one request\n" % MAX_POSITIONS
+    text = MANIFEST.format(cache=cache_lines,
         sample_rate=cs.SAMPLE_RATE, dtype=dtype_name, text_offset=cs.TEXT_OFFSET, bos=cs.BOS,
         layers=cs.LM_LAYERS, kv_heads=cs.LM_KV_HEADS, head_dim=cs.LM_HEAD_DIM,
         speech_vocab=cs.SPEECH_VOCAB, speech_token_offset=cs.SPEECH_TOKEN_OFFSET, sos=cs.SOS,
@@ -156,7 +164,7 @@ class F32IO(torch.nn.Module):
         return out.to(torch.float32)
 
 
-def export_all(models, out_dir, dtype, device, opset, fused):
+def export_all(models, out_dir, dtype, device, opset, fused, cache):
     lm = models.lm
     enc, est, voc = (F32IO(m, dtype) for m in (models.flow_encoder, models.flow_estimator, models.vocoder))
     lm_dtype, dtype = dtype, torch.float32  # only the LM's cache is in the model's dtype
@@ -174,8 +182,23 @@ def export_all(models, out_dir, dtype, device, opset, fused):
         for kind in ("key", "value"):
             axes["past_%s.%d" % (kind, n)] = {0: "batch", 2: "past_seq"}
             axes["present_%s.%d" % (kind, n)] = {0: "batch", 2: "total_seq"}
+    lm_job = ("lm.onnx", lm, lm_args, cs.lm_input_names(), cs.lm_output_names(), axes)
+    if cache == "shared":
+        P = 8  # max_positions while tracing
+        past = [torch.randn(B, cs.LM_KV_HEADS, P, cs.LM_HEAD_DIM, device=device, dtype=lm_dtype)
+                for _ in range(2 * cs.LM_LAYERS)]
+        args = (torch.randint(0, cs.LM_VOCAB, (B, T), device=device),
+                torch.full((B,), T - 1, dtype=torch.int32, device=device),
+                torch.tensor(T, dtype=torch.int32), *past)
+        axes = {"input_ids": {0: "batch", 1: "seq"}, "seqlens_k": {0: "batch"},
+                "logits": {0: "batch", 1: "seq"}}
+        for n in range(cs.LM_LAYERS):
+            for kind in ("past_key", "past_value", "present_key", "present_value"):
+                axes["%s.%d" % (kind, n)] = {0: "batch", 2: "max_positions"}
+        lm_job = ("lm.onnx", cs.SharedCacheLM(lm), args, cs.lm_shared_input_names(),
+                  cs.lm_output_names(), axes)
     jobs = [
-        ("lm.onnx", lm, lm_args, cs.lm_input_names(), cs.lm_output_names(), axes),
+        lm_job,
         ("flow_encoder.onnx", enc,
          (torch.randint(0, cs.SPEECH_VOCAB, (B, 7), device=device),
           torch.ones(B, 1, 7, device=device, dtype=dtype)),
@@ -339,6 +362,64 @@ def verify_lm(chk, sess, lm, device, dtype, np_dtype):
     log("  note: end of speech ranks %d of %d in these logits (random weights rarely stop)" % (eos_rank + 1, want.size))
 
 
+def lm_shared_run(sess, seqs, tokens):
+    """One LM run with the shared cache contract: rows of T tokens each; seqs are dicts
+    {"cache": [arrays [H,max_positions,D]], "pos": int}. Python's run gives presents in new
+    memory (ONNX Runtime then copies the past into them); voxmux binds them in place."""
+    T = len(tokens[0])
+    ids = np.array(tokens, np.int64)
+    seqlens = np.array([s["pos"] + T - 1 for s in seqs], np.int32)
+    feed = {"input_ids": ids, "seqlens_k": seqlens,
+            "total_sequence_length": np.array(int(seqlens.max()) + 1, np.int32)}
+    for i in range(2 * cs.LM_LAYERS):
+        name = "past_%s.%d" % ("key" if i % 2 == 0 else "value", i // 2)
+        feed[name] = np.stack([s["cache"][i] for s in seqs])
+    got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feed)))
+    for b, s in enumerate(seqs):
+        for i in range(2 * cs.LM_LAYERS):
+            s["cache"][i] = got["present_%s.%d" % ("key" if i % 2 == 0 else "value", i // 2)][b]
+        s["pos"] += T
+    return [got["logits"][b, T - 1] for b in range(len(seqs))]
+
+
+def verify_lm_shared(chk, sess, lm, device, dtype, np_dtype):
+    log("checking lm.onnx (shared cache)")
+    maxp = 64
+
+    def new():
+        return {"cache": [np.zeros((cs.LM_KV_HEADS, maxp, cs.LM_HEAD_DIM), np_dtype)] * (2 * cs.LM_LAYERS),
+                "pos": 0}
+
+    prompt = cs.tokenize("Hello world.")
+    short = cs.tokenize("你好")
+    speech = [cs.SPEECH_TOKEN_OFFSET + k for k in (17, 4000, 6560, 0)]
+    full = prompt + speech
+    args = [torch.tensor([full], device=device), torch.arange(len(full), device=device).unsqueeze(0),
+            torch.ones(1, len(full), dtype=torch.int64, device=device)]
+    args += [torch.zeros(1, cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM, device=device, dtype=dtype)] * (2 * cs.LM_LAYERS)
+    with torch.no_grad():
+        want = to_np(lm(*args)[0][0, -1])
+    got_prefill = lm_shared_run(sess, [new()], [full])[0]
+    chk.close("prefill logits, ONNX Runtime vs PyTorch", got_prefill, want)
+
+    s = new()
+    lm_shared_run(sess, [s], [prompt])
+    for tok in speech:
+        got = lm_shared_run(sess, [s], [[tok]])[0]
+    chk.close("KV-cache decode vs whole prefill", got, got_prefill)
+
+    # Two rows of different lengths decode in one batch, each as it does alone.
+    a, b, alone_a, alone_b = new(), new(), new(), new()
+    for seq, p in ((a, prompt), (b, short), (alone_a, prompt), (alone_b, short)):
+        lm_shared_run(sess, [seq], [p])
+    for tok in speech[:2]:
+        ga, gb = lm_shared_run(sess, [a, b], [[tok], [tok]])
+        wa = lm_shared_run(sess, [alone_a], [[tok]])[0]
+        wb = lm_shared_run(sess, [alone_b], [[tok]])[0]
+    chk.close("batched decode vs alone (longer sequence)", ga, wa)
+    chk.close("batched decode vs alone (shorter sequence)", gb, wb)
+
+
 def verify_flow(chk, enc_sess, est_sess, enc, est, device, dtype, np_dtype):
     log("checking flow_encoder.onnx and flow_estimator.onnx")
     rng = np.random.default_rng(1)
@@ -412,7 +493,7 @@ def verify_vocoder(chk, sess, voc, device, dtype, np_dtype, context):
              % (measured, context), measured <= context)
 
 
-def verify(out_dir, models, device, dtype, provider):
+def verify(out_dir, models, device, dtype, provider, cache):
     import onnxruntime as ort
     fp16 = dtype == torch.float16
     np_dtype = np.float16 if fp16 else np.float32
@@ -421,7 +502,10 @@ def verify(out_dir, models, device, dtype, provider):
     sess = {n: ort_session(os.path.join(out_dir, n + ".onnx"), provider)
             for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")}
     log("  sessions run on %s" % sess["lm"].get_providers()[0])
-    verify_lm(chk, sess["lm"], models.lm, device, dtype, np_dtype)
+    if cache == "shared":
+        verify_lm_shared(chk, sess["lm"], models.lm, device, dtype, np_dtype)
+    else:
+        verify_lm(chk, sess["lm"], models.lm, device, dtype, np_dtype)
     # Flow and vocoder take and give float32 whatever the model's dtype (F32IO).
     verify_flow(chk, sess["flow_encoder"], sess["flow_estimator"], F32IO(models.flow_encoder, dtype),
                 F32IO(models.flow_estimator, dtype), device, torch.float32, np.float32)
@@ -442,8 +526,15 @@ def main():
     ap.add_argument("--seed", type=int, default=cs.SEED)
     ap.add_argument("--plain", action="store_true",
                     help="standard ONNX operators only (no ONNX Runtime fused operators)")
+    ap.add_argument("--cache", choices=["shared", "concat"],
+                    help="the LM's key/value cache contract (docs/pipeline.md); default shared, "
+                         "concat with --plain (shared needs GroupQueryAttention)")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
+    if a.cache is None:
+        a.cache = "concat" if a.plain else "shared"
+    if a.cache == "shared" and a.plain:
+        ap.error("--cache shared needs ONNX Runtime's GroupQueryAttention: drop --plain or use --cache concat")
 
     os.makedirs(a.out_dir, exist_ok=True)
     dtype = torch.float16 if a.dtype == "float16" else torch.float32
@@ -459,15 +550,16 @@ def main():
     log("wrote %s: %s" % (weights, size_of(weights)))
     cs.use_fused(models, not a.plain)
     log("operators: %s" % ("standard ONNX only" if a.plain else "ONNX Runtime's fused operators"))
-    export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain)
-    log("wrote %s" % write_manifest(a.out_dir, a.dtype))
+    log("LM cache: %s" % a.cache)
+    export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain, a.cache)
+    log("wrote %s" % write_manifest(a.out_dir, a.dtype, a.cache))
 
     if a.no_verify:
         return 0
     # The checks compare the graphs with the plain modules, as the baseline runs them.
     cs.use_fused(models, False)
     try:
-        failures = verify(a.out_dir, models, a.device, dtype, a.provider)
+        failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache)
     except Exception as e:
         log("verification could not run: %s: %s" % (type(e).__name__, e))
         log("hint: float16 graphs need ONNX Runtime's CUDA provider (onnxruntime-gpu) on most builds; "
