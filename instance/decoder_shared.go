@@ -209,49 +209,57 @@ func (d *sharedDecoder) run(from, B, T int, ids []int64, seqlens []int32) ([]flo
 	return logits, nil
 }
 
-func (d *sharedDecoder) freeSlot() (int, error) {
+// freeRun finds n adjacent free slots (the lowest run, or after the highest slot in use),
+// growing the cache when needed.
+func (d *sharedDecoder) freeRun(n int) (int, error) {
+	run, top := 0, 0
 	for i, r := range d.slots {
-		if r == nil {
-			return i, nil
+		if r != nil {
+			run, top = 0, i+1
+			continue
+		}
+		if run++; run == n {
+			return i + 1 - n, nil
 		}
 	}
-	n := len(d.slots)
-	return n, d.grow(n + 1)
+	return top, d.grow(top + n)
 }
 
-// join prefills each prompt alone in a free slot: the kernels take a batch of prompts only when
-// its rows are adjacent slots, and a prefill is one short run.
+// join prefills the prompts in one run, right-padded to the longest, into adjacent slots (the
+// kernels take each row's length from seqlens_k; a row's padding lands past its length, where
+// its later tokens overwrite it).
 func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
-	V := d.m.LM.SpeechVocab + 1
-	rows := make([]*lmRow, 0, len(prompts))
-	out := make([][]float32, 0, len(prompts))
+	Bn, T := len(prompts), 0
 	for _, p := range prompts {
-		T := len(p)
-		if T == 0 {
-			return d.unjoin(rows), nil, fmt.Errorf("lm: empty prompt")
+		if len(p) == 0 {
+			return nil, nil, fmt.Errorf("lm: empty prompt")
 		}
-		slot, err := d.freeSlot()
-		if err != nil {
-			return d.unjoin(rows), nil, err
-		}
-		logits, err := d.run(slot, 1, T, p, []int32{int32(T - 1)})
-		if err != nil {
-			return d.unjoin(rows), nil, err
-		}
-		r := &lmRow{live: true, pos: int64(T), real: T, slot: slot}
-		d.slots[slot] = r
-		rows = append(rows, r)
-		out = append(out, append([]float32(nil), logits[(T-1)*V:T*V]...))
+		T = max(T, len(p))
+	}
+	from, err := d.freeRun(Bn)
+	if err != nil {
+		return nil, nil, err
+	}
+	ids := make([]int64, Bn*T)
+	seqlens := make([]int32, Bn)
+	for b, p := range prompts {
+		copy(ids[b*T:], p)
+		seqlens[b] = int32(len(p) - 1)
+	}
+	logits, err := d.run(from, Bn, T, ids, seqlens)
+	if err != nil {
+		return nil, nil, err
+	}
+	V := d.m.LM.SpeechVocab + 1
+	rows := make([]*lmRow, Bn)
+	out := make([][]float32, Bn)
+	for b, p := range prompts {
+		n := len(p)
+		rows[b] = &lmRow{live: true, pos: int64(n), real: n, slot: from + b}
+		d.slots[from+b] = rows[b]
+		out[b] = append([]float32(nil), logits[(b*T+n-1)*V:(b*T+n)*V]...)
 	}
 	return rows, out, nil
-}
-
-// unjoin frees the slots of rows a failed join had already placed.
-func (d *sharedDecoder) unjoin(rows []*lmRow) []*lmRow {
-	for _, r := range rows {
-		d.leave(r)
-	}
-	return nil
 }
 
 // step runs one position for every slot up to the highest one in use. A live row that is not

@@ -173,3 +173,32 @@ func TestSharedCacheLimit(t *testing.T) {
 		t.Fatal("no audio for text that fits")
 	}
 }
+
+// Prompts of different lengths prefilled in one padded run, then decoded together, give what
+// each gives alone.
+func TestDecoderJoinTogether(t *testing.T) {
+	for _, cache := range []string{"concat", "shared"} {
+		t.Run(cache, func(t *testing.T) {
+			m := tinyManifest(t)
+			want := decodeAlone(t, cache)
+			d := newTestDecoder(t, cache)
+			rows, first, err := d.join([][]int64{m.Tokenize(testPromptA), m.Tokenize(testPromptB)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := [][]float32{first[1]}
+			for i, tok := range testTokens {
+				l, err := d.step(rows, []int64{int64(300 + i), tok})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, l[1])
+			}
+			for i := range want {
+				if w := maxDiff(want[i], got[i]); w > 1e-4 {
+					t.Errorf("step %d: joined together, logits differ from alone by %g", i, w)
+				}
+			}
+		})
+	}
+}

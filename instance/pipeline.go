@@ -41,7 +41,7 @@ func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, e
 		}
 	}
 	if err = iobind.Init(cfg.ORTLibrary); err == nil {
-		p.lm, err = newLMDecoder(m, rt.placement())
+		p.lm, err = newLMDecoder(m, rt.lmPlacement())
 	}
 	if err == nil {
 		if p.flow, err = newFlowStage(p.rt2, m); err == nil {

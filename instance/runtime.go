@@ -12,9 +12,10 @@ import (
 
 // runtime owns the ONNX Runtime environment and the session options of one instance process.
 type runtime struct {
-	opts     *ort.SessionOptions
-	provider string
-	device   int
+	lmPriority bool // the LM on a high-priority CUDA stream (provider option lm_stream_priority)
+	opts       *ort.SessionOptions
+	provider   string
+	device     int
 	// cudaOpts are the CUDA provider options in force, for sessions made outside onnxruntime_go.
 	cudaOpts map[string]string
 	library  string
@@ -37,8 +38,15 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
 	}
 	rest := map[string]string{}
+	lmPriority := true
 	for k, v := range cfg.ProviderOptions {
 		switch k {
+		case "lm_stream_priority":
+			if v != "high" && v != "normal" {
+				opts.Destroy()
+				return nil, fmt.Errorf("provider option lm_stream_priority: %q is not high or normal", v)
+			}
+			lmPriority = v == "high"
 		case "intra_op_num_threads":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
@@ -97,7 +105,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		opts.Destroy()
 		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
 	}
-	return &runtime{opts: opts, provider: cfg.Provider, device: device, cudaOpts: cudaOpts, library: cfg.ORTLibrary}, nil
+	return &runtime{lmPriority: lmPriority, opts: opts, provider: cfg.Provider, device: device, cudaOpts: cudaOpts, library: cfg.ORTLibrary}, nil
 }
 
 func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
@@ -111,6 +119,14 @@ func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAd
 // placement is where sessions made through iobind compute.
 func (r *runtime) placement() iobind.Placement {
 	return iobind.Placement{CUDA: r.provider == "cuda", Device: r.device, ProviderOptions: r.cudaOpts}
+}
+
+// lmPlacement is where the LM runs: its decode steps are short and on the path of every stream,
+// so on CUDA they go ahead of the flow's and vocoder's long batches unless configured otherwise.
+func (r *runtime) lmPlacement() iobind.Placement {
+	p := r.placement()
+	p.HighPriority = p.CUDA && r.lmPriority
+	return p
 }
 
 func (r *runtime) close() {

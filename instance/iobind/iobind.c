@@ -19,6 +19,8 @@ typedef int (*cudaStreamCreateWithFlags_t)(void**, unsigned int);
 typedef int (*cudaStreamSynchronize_t)(void*);
 typedef int (*cudaThreadExchangeStreamCaptureMode_t)(int*);
 typedef const char* (*cudaGetErrorString_t)(int);
+typedef int (*cudaDeviceGetStreamPriorityRange_t)(int*, int*);
+typedef int (*cudaStreamCreateWithPriority_t)(void**, unsigned int, int);
 static cudaSetDevice_t cu_set_device;
 static cudaMemcpy2DAsync_t cu_memcpy2d;
 static cudaMemsetAsync_t cu_memset;
@@ -26,6 +28,8 @@ static cudaStreamCreateWithFlags_t cu_stream_create;
 static cudaStreamSynchronize_t cu_stream_sync;
 static cudaThreadExchangeStreamCaptureMode_t cu_capture_mode;
 static cudaGetErrorString_t cu_err;
+static cudaDeviceGetStreamPriorityRange_t cu_priority_range;
+static cudaStreamCreateWithPriority_t cu_stream_create_priority;
 #define VX_MAX_DEVICES 64
 static void* streams[VX_MAX_DEVICES];
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -59,6 +63,11 @@ char* vx_init(const char* ort_path) {
 	return status(api->CreateCpuMemoryInfo(OrtArenaAllocator, OrtMemTypeDefault, &host_mem), "CreateCpuMemoryInfo");
 }
 
+static char* cuda_check(int rc, const char* what) {
+	if (rc == 0) return NULL;
+	return msg(what, cu_err(rc));
+}
+
 static char* load_cudart(void) {
 	if (cu_memcpy2d) return NULL;
 	const char* names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
@@ -72,12 +81,17 @@ static char* load_cudart(void) {
 	cu_stream_sync = (cudaStreamSynchronize_t)dlsym(h, "cudaStreamSynchronize");
 	cu_capture_mode = (cudaThreadExchangeStreamCaptureMode_t)dlsym(h, "cudaThreadExchangeStreamCaptureMode");
 	cu_err = (cudaGetErrorString_t)dlsym(h, "cudaGetErrorString");
-	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err)
+	cu_priority_range = (cudaDeviceGetStreamPriorityRange_t)dlsym(h, "cudaDeviceGetStreamPriorityRange");
+	cu_stream_create_priority = (cudaStreamCreateWithPriority_t)dlsym(h, "cudaStreamCreateWithPriority");
+	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err ||
+	    !cu_priority_range || !cu_stream_create_priority)
 		return msg("libcudart", "missing symbols");
 	return NULL;
 }
 
-char* vx_session(const char* model, int cuda, int device, const char** keys, const char** values, int n_opts,
+// high_priority: the session computes on a stream of the device's highest priority, so that its
+// kernels are scheduled ahead of those other sessions have queued on the same GPU.
+char* vx_session(const char* model, int cuda, int device, int high_priority, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding) {
 	OrtSessionOptions* so = NULL;
 	char* e = status(api->CreateSessionOptions(&so), "CreateSessionOptions");
@@ -87,6 +101,14 @@ char* vx_session(const char* model, int cuda, int device, const char** keys, con
 		OrtCUDAProviderOptionsV2* co = NULL;
 		e = status(api->CreateCUDAProviderOptions(&co), "cuda provider cannot be loaded");
 		if (!e) e = status(api->UpdateCUDAProviderOptions(co, keys, values, n_opts), "cuda provider options");
+		if (!e && high_priority) {
+			int least = 0, greatest = 0;
+			void* stream = NULL;
+			e = cuda_check(cu_set_device(device), "cudaSetDevice");
+			if (!e) e = cuda_check(cu_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+			if (!e) e = cuda_check(cu_stream_create_priority(&stream, 1 /* cudaStreamNonBlocking */, greatest), "cudaStreamCreateWithPriority");
+			if (!e) e = status(api->UpdateCUDAProviderOptionsWithValue(co, "user_compute_stream", stream), "cuda provider option user_compute_stream");
+		}
 		if (!e) e = status(api->SessionOptionsAppendExecutionProvider_CUDA_V2(so, co), "cuda provider cannot be loaded");
 		if (co) api->ReleaseCUDAProviderOptions(co);
 		if (e) { api->ReleaseSessionOptions(so); return e; }
@@ -187,10 +209,6 @@ char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem)
 	return status(api->GetTensorMutableData(v, data), "GetTensorMutableData");
 }
 
-static char* cuda_check(int rc, const char* what) {
-	if (rc == 0) return NULL;
-	return msg(what, cu_err(rc));
-}
 
 // cuda_begin makes device current and returns its stream, in relaxed capture mode so that another
 // thread's graph capture does not forbid our calls; cuda_end restores the mode.

@@ -74,6 +74,9 @@ type Placement struct {
 	CUDA            bool
 	Device          int
 	ProviderOptions map[string]string // CUDA provider options (device_id is set from Device)
+	// HighPriority runs the session's kernels on a stream of the GPU's highest priority, ahead
+	// of work other sessions have queued (the LM's short steps beside long flow batches).
+	HighPriority bool
 }
 
 // Session is one model with its I/O binding. Not safe for concurrent use.
@@ -119,7 +122,11 @@ func Open(model string, p Placement) (*Session, error) {
 	if p.CUDA {
 		cuda = 1
 	}
-	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
+	prio := C.int(0)
+	if p.HighPriority {
+		prio = 1
+	}
+	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), prio, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
 	if err != nil {
 		C.vx_session_free(s.s, s.mem, s.alloc, s.b)
 		return nil, fmt.Errorf("%s: %w", model, err)
