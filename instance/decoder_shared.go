@@ -157,18 +157,23 @@ func (d *sharedDecoder) views(from, n int) ([]*iobind.Tensor, error) {
 // run feeds B rows of T tokens to the slots [from, from+B); seqlens[b] is row b's length after
 // the run, minus one. It returns the logits.
 func (d *sharedDecoder) run(from, B, T int, ids []int64, seqlens []int32) ([]float32, error) {
-	total := int32(0)
-	for _, s := range seqlens {
-		total = max(total, s+1)
-	}
-	if int(total) > d.maxPos {
-		return nil, fmt.Errorf("lm: a sequence needs %d positions, over lm.max_positions (%d)", total, d.maxPos)
-	}
 	cache, err := d.views(from, B)
 	if err != nil {
 		return nil, err
 	}
 	defer release(cache)
+	return d.runOn(cache, B, T, ids, seqlens)
+}
+
+// runOn is run over the given caches, written in place.
+func (d *sharedDecoder) runOn(cache []*iobind.Tensor, B, T int, ids []int64, seqlens []int32) ([]float32, error) {
+	total := int32(0)
+	for _, s := range seqlens {
+		total = max(total, s+1)
+	}
+	if int64(total) > cache[0].Shape[2] {
+		return nil, fmt.Errorf("lm: a sequence needs %d positions, over lm.max_positions (%d)", total, d.maxPos)
+	}
 	var host []*iobind.Tensor
 	defer func() { release(host) }()
 	in := map[string]*iobind.Tensor{}
@@ -225,9 +230,10 @@ func (d *sharedDecoder) freeRun(n int) (int, error) {
 	return top, d.grow(top + n)
 }
 
-// join prefills the prompts in one run, right-padded to the longest, into adjacent slots (the
-// kernels take each row's length from seqlens_k; a row's padding lands past its length, where
-// its later tokens overwrite it).
+// join prefills the prompts in one run, right-padded to the longest, over a scratch cache just as
+// long (the attention kernels' work on a prompt grows with the cache length they are given), then
+// copies the rows into adjacent slots. A row's padding lands past its length, where its later
+// tokens overwrite it; the kernels take each row's length from seqlens_k.
 func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	Bn, T := len(prompts), 0
 	for _, p := range prompts {
@@ -235,6 +241,9 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 			return nil, nil, fmt.Errorf("lm: empty prompt")
 		}
 		T = max(T, len(p))
+	}
+	if T > d.maxPos {
+		return nil, nil, fmt.Errorf("lm: a prompt of %d tokens is over lm.max_positions (%d)", T, d.maxPos)
 	}
 	from, err := d.freeRun(Bn)
 	if err != nil {
@@ -246,9 +255,24 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 		copy(ids[b*T:], p)
 		seqlens[b] = int32(len(p) - 1)
 	}
-	logits, err := d.run(from, Bn, T, ids, seqlens)
+	H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
+	scratch := make([]*iobind.Tensor, len(d.kv))
+	defer release(scratch)
+	for i := range scratch {
+		if scratch[i], err = d.s.Alloc([]int64{int64(Bn), H, int64(T), D}, d.elem); err != nil {
+			return nil, nil, err
+		}
+	}
+	logits, err := d.runOn(scratch, Bn, T, ids, seqlens)
 	if err != nil {
 		return nil, nil, err
+	}
+	pb := d.posBytes()
+	for i, t := range scratch {
+		// Bn·H rows of T positions each, into the slots' rows of maxPos positions.
+		if err := iobind.Copy2D(d.kv[i], int64(from)*d.slotBytes(), int64(d.maxPos)*pb, t, 0, int64(T)*pb, int64(T)*pb, int64(Bn)*H); err != nil {
+			return nil, nil, fmt.Errorf("lm: prefill into the cache: %w", err)
+		}
 	}
 	V := d.m.LM.SpeechVocab + 1
 	rows := make([]*lmRow, Bn)
