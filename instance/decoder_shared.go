@@ -259,7 +259,7 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	scratch := make([]*iobind.Tensor, len(d.kv))
 	defer release(scratch)
 	for i := range scratch {
-		if scratch[i], err = d.s.Alloc([]int64{int64(Bn), H, int64(T), D}, d.elem); err != nil {
+		if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bn), H, int64(T), D}, d.elem); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -268,11 +268,14 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 		return nil, nil, err
 	}
 	pb := d.posBytes()
+	copies := make([]iobind.Copy, len(scratch))
 	for i, t := range scratch {
 		// Bn·H rows of T positions each, into the slots' rows of maxPos positions.
-		if err := iobind.Copy2D(d.kv[i], int64(from)*d.slotBytes(), int64(d.maxPos)*pb, t, 0, int64(T)*pb, int64(T)*pb, int64(Bn)*H); err != nil {
-			return nil, nil, fmt.Errorf("lm: prefill into the cache: %w", err)
-		}
+		copies[i] = iobind.Copy{Dst: d.kv[i], DstOff: int64(from) * d.slotBytes(), DstPitch: int64(d.maxPos) * pb,
+			Src: t, SrcPitch: int64(T) * pb, Width: int64(T) * pb, Height: int64(Bn) * H}
+	}
+	if err := iobind.Copies(copies); err != nil {
+		return nil, nil, fmt.Errorf("lm: prefill into the cache: %w", err)
 	}
 	V := d.m.LM.SpeechVocab + 1
 	rows := make([]*lmRow, Bn)
@@ -346,6 +349,7 @@ func (d *sharedDecoder) compact() error {
 	H := int64(d.m.LM.KVHeads)
 	pitch := int64(d.maxPos) * d.posBytes()
 	free := 0
+	var copies []iobind.Copy
 	for j := top - 1; j >= live; j-- {
 		r := d.slots[j]
 		if r == nil {
@@ -356,13 +360,14 @@ func (d *sharedDecoder) compact() error {
 		}
 		for _, t := range d.kv {
 			// The row's real positions, for every head.
-			err := iobind.Copy2D(t, int64(free)*d.slotBytes(), pitch, t, int64(j)*d.slotBytes(), pitch, r.pos*d.posBytes(), H)
-			if err != nil {
-				return fmt.Errorf("lm: compact: %w", err)
-			}
+			copies = append(copies, iobind.Copy{Dst: t, DstOff: int64(free) * d.slotBytes(), DstPitch: pitch,
+				Src: t, SrcOff: int64(j) * d.slotBytes(), SrcPitch: pitch, Width: r.pos * d.posBytes(), Height: H})
 		}
 		d.slots[free], d.slots[j] = r, nil
 		r.slot = free
+	}
+	if err := iobind.Copies(copies); err != nil {
+		return fmt.Errorf("lm: compact: %w", err)
 	}
 	return nil
 }

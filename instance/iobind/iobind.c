@@ -219,7 +219,13 @@ static char* cuda_begin(int device, void** stream, int* mode) {
 	if (e) return e;
 	if ((e = cuda_check(cu_set_device(device), "cudaSetDevice"))) return e;
 	pthread_mutex_lock(&streams_mu);
-	if (!streams[device]) e = cuda_check(cu_stream_create(&streams[device], 1 /* cudaStreamNonBlocking */), "cudaStreamCreate");
+	// Highest priority: the cache copies are short and the LM waits on them, so they go ahead of
+	// other sessions' queued kernels.
+	if (!streams[device]) {
+		int least = 0, greatest = 0;
+		e = cuda_check(cu_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+		if (!e) e = cuda_check(cu_stream_create_priority(&streams[device], 1 /* cudaStreamNonBlocking */, greatest), "cudaStreamCreateWithPriority");
+	}
 	*stream = streams[device];
 	pthread_mutex_unlock(&streams_mu);
 	return e;
@@ -231,7 +237,7 @@ static char* cuda_end(void* stream, int mode, char* e) {
 	return e;
 }
 
-char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
+char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, int sync) {
 	if (width == 0 || height == 0) return NULL;
 	if (!cuda) {
 		for (size_t i = 0; i < height; i++) memcpy((char*)dst + i * dpitch, (const char*)src + i * spitch, width);
@@ -241,7 +247,15 @@ char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src,
 	int mode;
 	char* e = cuda_begin(device, &stream, &mode);
 	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
-	// The copy is complete before the next ONNX Runtime run reads it.
+	// The copy is complete before the next ONNX Runtime run reads it (or the caller syncs later).
+	if (!sync) { cu_capture_mode(&mode); return e; }
+	return cuda_end(stream, mode, e);
+}
+
+char* vx_sync(int device) {
+	void* stream = NULL;
+	int mode;
+	char* e = cuda_begin(device, &stream, &mode);
 	return cuda_end(stream, mode, e);
 }
 

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -177,15 +178,24 @@ func shapePtr(shape []int64) (*C.int64_t, func()) {
 
 // Alloc makes a zeroed tensor in the session's memory (the GPU for a CUDA session).
 func (s *Session) Alloc(shape []int64, e Elem) (*Tensor, error) {
+	t, err := s.AllocEmpty(shape, e)
+	if err != nil {
+		return nil, err
+	}
+	if err := Zero(t); err != nil {
+		t.Release()
+		return nil, err
+	}
+	return t, nil
+}
+
+// AllocEmpty is Alloc without the zeroing, for tensors a run writes whole.
+func (s *Session) AllocEmpty(shape []int64, e Elem) (*Tensor, error) {
 	sp, free := shapePtr(shape)
 	defer free()
 	t := &Tensor{Shape: append([]int64(nil), shape...), Elem: e, Device: s.place.CUDA, place: s.place}
 	if err := cerr(C.vx_tensor(s.alloc, sp, C.size_t(len(shape)), C.int(e), &t.v, &t.data)); err != nil {
 		return nil, fmt.Errorf("alloc %v: %w", shape, err)
-	}
-	if err := Zero(t); err != nil {
-		t.Release()
-		return nil, err
 	}
 	return t, nil
 }
@@ -339,18 +349,51 @@ func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, e
 // Copy2D copies height rows of width bytes from src (starting at byte srcOff, rows srcPitch
 // apart) to dst (dstOff, dstPitch). Both tensors are in the same memory.
 func Copy2D(dst *Tensor, dstOff, dstPitch int64, src *Tensor, srcOff, srcPitch, width, height int64) error {
-	if dst.Device != src.Device {
-		return errors.New("copy between device and host memory is not supported here")
+	return Copies([]Copy{{dst, dstOff, dstPitch, src, srcOff, srcPitch, width, height}})
+}
+
+// Copy is one Copy2D.
+type Copy struct {
+	Dst              *Tensor
+	DstOff, DstPitch int64
+	Src              *Tensor
+	SrcOff, SrcPitch int64
+	Width, Height    int64
+}
+
+// Copies runs the copies in order and waits once for all of them (on a CUDA device each wait
+// is a round trip, and the LM's cache moves are dozens of small copies).
+func Copies(cs []Copy) error {
+	var devices []int
+	for _, c := range cs {
+		if c.Dst.Device != c.Src.Device {
+			return errors.New("copy between device and host memory is not supported here")
+		}
+		if c.Width == 0 || c.Height == 0 {
+			continue
+		}
+		if c.DstOff+c.DstPitch*(c.Height-1)+c.Width > c.Dst.Bytes() || c.SrcOff+c.SrcPitch*(c.Height-1)+c.Width > c.Src.Bytes() {
+			return fmt.Errorf("copy out of bounds (dst %d bytes, src %d bytes)", c.Dst.Bytes(), c.Src.Bytes())
+		}
+		cuda := C.int(0)
+		if c.Dst.Device {
+			cuda = 1
+			if !slices.Contains(devices, c.Dst.place.Device) {
+				devices = append(devices, c.Dst.place.Device)
+			}
+		}
+		err := cerr(C.vx_copy2d(cuda, C.int(c.Dst.place.Device), unsafe.Add(c.Dst.data, c.DstOff), C.size_t(c.DstPitch),
+			unsafe.Add(c.Src.data, c.SrcOff), C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height), 0))
+		if err != nil {
+			return err
+		}
 	}
-	if dstOff+dstPitch*(height-1)+width > dst.Bytes() || srcOff+srcPitch*(height-1)+width > src.Bytes() {
-		return fmt.Errorf("copy out of bounds (dst %d bytes, src %d bytes)", dst.Bytes(), src.Bytes())
+	for _, d := range devices {
+		if err := cerr(C.vx_sync(C.int(d))); err != nil {
+			return err
+		}
 	}
-	cuda := C.int(0)
-	if dst.Device {
-		cuda = 1
-	}
-	return cerr(C.vx_copy2d(cuda, C.int(dst.place.Device), unsafe.Add(dst.data, dstOff), C.size_t(dstPitch),
-		unsafe.Add(src.data, srcOff), C.size_t(srcPitch), C.size_t(width), C.size_t(height)))
+	return nil
 }
 
 // Zero clears a tensor.
