@@ -155,7 +155,7 @@ func tinyManifest(t *testing.T) *Manifest {
 // it reaches the LM, naming the limit, and text that fits is cut to the room left.
 func TestSharedCacheLimit(t *testing.T) {
 	m := tinyManifest(t)
-	m.LM.MaxPositions = 40
+	m.LM.Cache, m.LM.File, m.LM.MaxPositions = "shared", "lm_shared.onnx", 40
 	p, err := loadPipeline(m, LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)

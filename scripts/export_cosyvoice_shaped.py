@@ -526,13 +526,12 @@ def main():
     ap.add_argument("--seed", type=int, default=cs.SEED)
     ap.add_argument("--plain", action="store_true",
                     help="standard ONNX operators only (no ONNX Runtime fused operators)")
-    ap.add_argument("--cache", choices=["shared", "concat"],
-                    help="the LM's key/value cache contract (docs/pipeline.md); default shared, "
-                         "concat with --plain (shared needs GroupQueryAttention)")
+    ap.add_argument("--cache", choices=["concat", "shared"], default="concat",
+                    help="the LM's key/value cache contract (docs/pipeline.md). shared (in place, "
+                         "GroupQueryAttention) measured slower in the server on an H100 with ONNX "
+                         "Runtime 1.29 (docs/benchmarks/RESULTS.md), so concat is the default")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
-    if a.cache is None:
-        a.cache = "concat" if a.plain else "shared"
     if a.cache == "shared" and a.plain:
         ap.error("--cache shared needs ONNX Runtime's GroupQueryAttention: drop --plain or use --cache concat")
 
