@@ -202,3 +202,20 @@ func TestDecoderJoinTogether(t *testing.T) {
 		})
 	}
 }
+
+// lm_stream_priority is voxmux's own provider option: a bad value names the key, and the CPU
+// provider accepts it (it only matters on CUDA).
+func TestLMStreamPriorityOption(t *testing.T) {
+	for v, ok := range map[string]bool{"high": true, "normal": true, "urgent": false} {
+		r, err := newRuntime(LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), ProviderOptions: map[string]string{"lm_stream_priority": v}}, 0)
+		if ok != (err == nil) || (err != nil && !strings.Contains(err.Error(), "lm_stream_priority")) {
+			t.Errorf("lm_stream_priority %q: err %v", v, err)
+		}
+		if r != nil {
+			if r.lmPlacement().HighPriority {
+				t.Errorf("lm_stream_priority %q on the CPU provider asks for a CUDA stream", v)
+			}
+			r.close()
+		}
+	}
+}
