@@ -316,22 +316,28 @@ def new_seq():
     return {"past": [np.zeros((cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM))] * (2 * cs.LM_LAYERS), "pos": 0}
 
 
-def verify_lm(chk, sess, lm, device, dtype, np_dtype):
-    log("checking lm.onnx")
-    for o in sess.get_outputs():
-        if o.name == "logits":
-            chk.true("logits are float32", o.type == "tensor(float)", o.type)
+def lm_reference(lm, device, dtype):
+    """The LM checks' sequences, and PyTorch's last logits for the whole of them in one prefill."""
     prompt = cs.tokenize("Hello world.")
     short = cs.tokenize("你好")
     speech = [cs.SPEECH_TOKEN_OFFSET + k for k in (17, 4000, 6560, 0)]
-
-    # ONNX Runtime against PyTorch on the same whole-sequence prefill.
     full = prompt + speech
     args = [torch.tensor([full], device=device), torch.arange(len(full), device=device).unsqueeze(0),
             torch.ones(1, len(full), dtype=torch.int64, device=device)]
     args += [torch.zeros(1, cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM, device=device, dtype=dtype)] * (2 * cs.LM_LAYERS)
     with torch.no_grad():
         want = to_np(lm(*args)[0][0, -1])
+    return prompt, short, speech, full, want
+
+
+def verify_lm(chk, sess, lm, device, dtype, np_dtype):
+    log("checking lm.onnx")
+    for o in sess.get_outputs():
+        if o.name == "logits":
+            chk.true("logits are float32", o.type == "tensor(float)", o.type)
+    prompt, short, speech, full, want = lm_reference(lm, device, dtype)
+
+    # ONNX Runtime against PyTorch on the same whole-sequence prefill.
     s = new_seq()
     got_prefill = lm_ort_step(sess, np_dtype, [s], [full])[0]
     chk.close("prefill logits, ONNX Runtime vs PyTorch", got_prefill, want)
@@ -390,15 +396,7 @@ def verify_lm_shared(chk, sess, lm, device, dtype, np_dtype):
         return {"cache": [np.zeros((cs.LM_KV_HEADS, maxp, cs.LM_HEAD_DIM), np_dtype)] * (2 * cs.LM_LAYERS),
                 "pos": 0}
 
-    prompt = cs.tokenize("Hello world.")
-    short = cs.tokenize("你好")
-    speech = [cs.SPEECH_TOKEN_OFFSET + k for k in (17, 4000, 6560, 0)]
-    full = prompt + speech
-    args = [torch.tensor([full], device=device), torch.arange(len(full), device=device).unsqueeze(0),
-            torch.ones(1, len(full), dtype=torch.int64, device=device)]
-    args += [torch.zeros(1, cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM, device=device, dtype=dtype)] * (2 * cs.LM_LAYERS)
-    with torch.no_grad():
-        want = to_np(lm(*args)[0][0, -1])
+    prompt, short, speech, full, want = lm_reference(lm, device, dtype)
     got_prefill = lm_shared_run(sess, [new()], [full])[0]
     chk.close("prefill logits, ONNX Runtime vs PyTorch", got_prefill, want)
 
