@@ -68,6 +68,14 @@ static char* cuda_check(int rc, const char* what) {
 	return msg(what, cu_err(rc));
 }
 
+// priority_stream makes a non-blocking stream of the current device's highest priority.
+static char* priority_stream(void** stream) {
+	int least = 0, greatest = 0;
+	char* e = cuda_check(cu_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+	if (!e) e = cuda_check(cu_stream_create_priority(stream, 1 /* cudaStreamNonBlocking */, greatest), "cudaStreamCreateWithPriority");
+	return e;
+}
+
 static char* load_cudart(void) {
 	if (cu_memcpy2d) return NULL;
 	const char* names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", NULL};
@@ -102,11 +110,9 @@ char* vx_session(const char* model, int cuda, int device, int high_priority, con
 		e = status(api->CreateCUDAProviderOptions(&co), "cuda provider cannot be loaded");
 		if (!e) e = status(api->UpdateCUDAProviderOptions(co, keys, values, n_opts), "cuda provider options");
 		if (!e && high_priority) {
-			int least = 0, greatest = 0;
 			void* stream = NULL;
 			e = cuda_check(cu_set_device(device), "cudaSetDevice");
-			if (!e) e = cuda_check(cu_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-			if (!e) e = cuda_check(cu_stream_create_priority(&stream, 1 /* cudaStreamNonBlocking */, greatest), "cudaStreamCreateWithPriority");
+			if (!e) e = priority_stream(&stream);
 			if (!e) e = status(api->UpdateCUDAProviderOptionsWithValue(co, "user_compute_stream", stream), "cuda provider option user_compute_stream");
 		}
 		if (!e) e = status(api->SessionOptionsAppendExecutionProvider_CUDA_V2(so, co), "cuda provider cannot be loaded");
@@ -221,11 +227,7 @@ static char* cuda_begin(int device, void** stream, int* mode) {
 	pthread_mutex_lock(&streams_mu);
 	// Highest priority: the cache copies are short and the LM waits on them, so they go ahead of
 	// other sessions' queued kernels.
-	if (!streams[device]) {
-		int least = 0, greatest = 0;
-		e = cuda_check(cu_priority_range(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-		if (!e) e = cuda_check(cu_stream_create_priority(&streams[device], 1 /* cudaStreamNonBlocking */, greatest), "cudaStreamCreateWithPriority");
-	}
+	if (!streams[device]) e = priority_stream(&streams[device]);
 	*stream = streams[device];
 	pthread_mutex_unlock(&streams_mu);
 	return e;
@@ -237,7 +239,7 @@ static char* cuda_end(void* stream, int mode, char* e) {
 	return e;
 }
 
-char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, int sync) {
+char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
 	if (width == 0 || height == 0) return NULL;
 	if (!cuda) {
 		for (size_t i = 0; i < height; i++) memcpy((char*)dst + i * dpitch, (const char*)src + i * spitch, width);
@@ -247,9 +249,8 @@ char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src,
 	int mode;
 	char* e = cuda_begin(device, &stream, &mode);
 	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
-	// The copy is complete before the next ONNX Runtime run reads it (or the caller syncs later).
-	if (!sync) { cu_capture_mode(&mode); return e; }
-	return cuda_end(stream, mode, e);
+	// Only queued: the caller waits with vx_sync before the next ONNX Runtime run reads it.
+	return cuda_end(NULL, mode, e);
 }
 
 char* vx_sync(int device) {

@@ -383,7 +383,7 @@ func Copies(cs []Copy) error {
 			}
 		}
 		err := cerr(C.vx_copy2d(cuda, C.int(c.Dst.place.Device), unsafe.Add(c.Dst.data, c.DstOff), C.size_t(c.DstPitch),
-			unsafe.Add(c.Src.data, c.SrcOff), C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height), 0))
+			unsafe.Add(c.Src.data, c.SrcOff), C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height)))
 		if err != nil {
 			return err
 		}

@@ -25,9 +25,8 @@ char* vx_run(OrtSession* s, OrtIoBinding* b, OrtValue*** outs, size_t* n);
 void vx_clear(OrtIoBinding* b);
 char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem);
 // Copies rows of width bytes: dst[dpitch*i] <- src[spitch*i] for i < height; on the CUDA device
-// when cuda is set (then synchronised), in host memory otherwise.
-// With sync 0 the copy is only queued; vx_sync waits for every queued copy on the device.
-char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height, int sync);
+// when cuda is set (only queued there: vx_sync waits for every queued copy), in host memory otherwise.
+char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
 char* vx_sync(int device);
 char* vx_zero(int cuda, int device, void* dst, size_t bytes);
 #endif
