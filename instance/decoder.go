@@ -41,9 +41,10 @@ func newDecoder(m *Manifest, place iobind.Placement) (*decoder, error) {
 		d.elem = iobind.Float16
 	}
 	d.outs = []iobind.Output{{Name: m.Tensor("logits"), Host: true}}
-	for l := 0; l < m.LM.Layers; l++ {
-		d.ins = append(d.ins, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
-		d.outs = append(d.outs, iobind.Output{Name: m.Tensor(fmt.Sprintf("present_key.%d", l))}, iobind.Output{Name: m.Tensor(fmt.Sprintf("present_value.%d", l))})
+	var present []string
+	d.ins, present = cacheNames(m)
+	for _, name := range present {
+		d.outs = append(d.outs, iobind.Output{Name: name})
 	}
 	return d, nil
 }

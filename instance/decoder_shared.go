@@ -26,19 +26,28 @@ type lmDecoder interface {
 }
 
 func newLMDecoder(m *Manifest, place iobind.Placement) (lmDecoder, error) {
-	// Return a nil interface, never a nil pointer in one, on error.
+	// On error a nil interface, never a nil pointer in one.
 	if m.LM.Cache == "shared" {
-		if d, err := newSharedDecoder(m, place); err == nil {
-			return d, nil
-		} else {
+		d, err := newSharedDecoder(m, place)
+		if err != nil {
 			return nil, err
 		}
-	}
-	if d, err := newDecoder(m, place); err == nil {
 		return d, nil
-	} else {
+	}
+	d, err := newDecoder(m, place)
+	if err != nil {
 		return nil, err
 	}
+	return d, nil
+}
+
+// cacheNames are the LM's past and present tensor names, key0, value0, key1, ...
+func cacheNames(m *Manifest) (past, present []string) {
+	for l := 0; l < m.LM.Layers; l++ {
+		past = append(past, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
+		present = append(present, m.Tensor(fmt.Sprintf("present_key.%d", l)), m.Tensor(fmt.Sprintf("present_value.%d", l)))
+	}
+	return past, present
 }
 
 // sharedDecoder runs an LM whose cache is one buffer per layer, [slots, kv_heads, max_positions,
@@ -74,23 +83,25 @@ func newSharedDecoder(m *Manifest, place iobind.Placement) (*sharedDecoder, erro
 	if m.DType == "float16" {
 		d.elem = iobind.Float16
 	}
-	for l := 0; l < m.LM.Layers; l++ {
-		d.ins = append(d.ins, m.Tensor(fmt.Sprintf("past_key.%d", l)), m.Tensor(fmt.Sprintf("past_value.%d", l)))
-		d.outs = append(d.outs, m.Tensor(fmt.Sprintf("present_key.%d", l)), m.Tensor(fmt.Sprintf("present_value.%d", l)))
-	}
+	d.ins, d.outs = cacheNames(m)
 	return d, nil
 }
 
 func (d *sharedDecoder) limit() int { return d.maxPos }
 
 func (d *sharedDecoder) size() int {
-	n := 0
-	for _, r := range d.slots {
+	live, _ := d.used()
+	return live
+}
+
+// used counts the rows and returns one past the highest slot in use.
+func (d *sharedDecoder) used() (live, top int) {
+	for i, r := range d.slots {
 		if r != nil {
-			n++
+			live, top = live+1, i+1
 		}
 	}
-	return n
+	return live, top
 }
 
 func (d *sharedDecoder) close() {
@@ -122,16 +133,14 @@ func (d *sharedDecoder) grow(n int) error {
 	next := make([]*iobind.Tensor, len(d.ins))
 	for i := range next {
 		t, err := d.s.Alloc([]int64{int64(c), H, int64(d.maxPos), D}, d.elem)
+		next[i] = t
 		if err == nil && len(d.kv) > 0 {
-			next[i] = t
 			err = iobind.Copy2D(t, 0, 0, d.kv[i], 0, 0, d.kv[i].Bytes(), 1)
 		}
 		if err != nil {
-			t.Release()
 			release(next)
 			return fmt.Errorf("lm cache for %d sequences: %w", c, err)
 		}
-		next[i] = t
 	}
 	release(d.kv)
 	d.kv = next
@@ -293,12 +302,7 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 // stepped gets a placeholder at its next position, which attends only to its own past and is
 // overwritten when the row steps; free slots get one at position 0.
 func (d *sharedDecoder) step(rows []*lmRow, tokens []int64) ([][]float32, error) {
-	n := 0
-	for i, r := range d.slots {
-		if r != nil {
-			n = i + 1
-		}
-	}
+	_, n := d.used()
 	ids := make([]int64, n)
 	seqlens := make([]int32, n)
 	for b := 0; b < n; b++ {
@@ -336,13 +340,7 @@ func (d *sharedDecoder) leave(r *lmRow) {
 // compact moves the rows in the highest slots down into free ones once a step runs over
 // noticeably more slots than there are rows.
 func (d *sharedDecoder) compact() error {
-	live, top := 0, 0
-	for i, r := range d.slots {
-		if r != nil {
-			live++
-			top = i + 1
-		}
-	}
+	live, top := d.used()
 	if top <= live+live/8 {
 		return nil
 	}
