@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,26 +91,104 @@ func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 // Batched runs must give the audio each request gives alone: every stage masks its padding and a
 // request's chunk schedule and noise are its own. Tolerance: 1e-4 per sample (float32 kernels may
 // sum in another order at another batch size).
-func TestEngineBatchedEqualsAlone(t *testing.T) { testBatchedEqualsAlone(t, 0) }
+func TestEngineBatchedEqualsAlone(t *testing.T) { testBatchedEqualsAlone(t, tinyPipeline(t), 0) }
 
 // Small frame budgets split the flow and vocoder work into many batches, putting first chunks
 // ahead: the audio must not change.
-func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, 40) }
+func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, tinyPipeline(t), 40) }
 
-func testBatchedEqualsAlone(t *testing.T, budget int) {
-	p := tinyPipeline(t)
+// The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the longest the engine
+// makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
+func TestEngineFixedVocoderShapes(t *testing.T) {
+	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
+		ProviderOptions: map[string]string{"vocoder_batches": "1,2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.voc.batches; len(got) != 2 || got[0] != 1 || got[1] != 2 || p.voc.frames != (50+4)*2 {
+		t.Fatalf("fixed vocoder batches %v of %d frames, want [1 2] of 108 (largest chunk 50 + context 4 tokens, 2 frames each)", got, p.voc.frames)
+	}
+	// A batch's items are split over the fixed sessions and come back in order. (Before the
+	// engine runs: closing it closes p.)
+	mels := make([][]float32, 5)
+	for i := range mels {
+		mels[i] = make([]float32, 80*(10+7*i))
+		for j := range mels[i] {
+			mels[i][j] = float32((j*(i+3))%17)/17 - 0.5
+		}
+	}
+	got, err := p.voc.run(mels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range mels {
+		one, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got[i]) != len(one[0]) {
+			t.Fatalf("item %d: %d samples, want %d", i, len(got[i]), len(one[0]))
+		}
+		for j := range one[0] {
+			if d := math.Abs(float64(got[i][j] - one[0][j])); d > 1e-4 {
+				t.Fatalf("item %d sample %d: %g from the fixed sessions, %g alone", i, j, got[i][j], one[0][j])
+			}
+		}
+	}
+	dyn := NewEngine(tinyPipeline(t))
+	defer dyn.Close()
+	fixed := testBatchedEqualsAlone(t, p, 40)
+	for i, r := range batchRequests {
+		want := synth(t, dyn, r)
+		if len(want) != len(fixed[i]) {
+			t.Fatalf("%q: %d samples with fixed vocoder shapes, %d without", r.Text, len(fixed[i]), len(want))
+		}
+		var worst float64
+		for j := range want {
+			worst = max(worst, math.Abs(float64(want[j]-fixed[i][j])))
+		}
+		if worst > 1e-4 {
+			t.Errorf("%q: fixed vocoder shapes differ from one session by %g", r.Text, worst)
+		}
+	}
+}
+
+func TestVocoderBatchesOption(t *testing.T) {
+	for _, v := range []string{"0", "4,2", "x", "1,,2", ""} {
+		_, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
+			ProviderOptions: map[string]string{"vocoder_batches": v}})
+		if err == nil || !strings.Contains(err.Error(), "vocoder_batches") {
+			t.Errorf("vocoder_batches %q: err %v, want one naming the option", v, err)
+		}
+	}
+	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
+		ProviderOptions: map[string]string{"vocoder_batches": "off"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if len(p.voc.fixed) != 0 {
+		t.Errorf("vocoder_batches off: %d fixed sessions", len(p.voc.fixed))
+	}
+}
+
+var batchRequests = []Request{
+	{Text: "Hello world.", Seed: 1},
+	{Text: "A somewhat longer sentence, to be spoken while others run.", Seed: 2},
+	{Text: "¿Dónde está la biblioteca?", Seed: 3},
+	{Text: "你好，世界。", Seed: 4},
+	{Text: "Hi", Seed: 5},
+}
+
+// testBatchedEqualsAlone serves the requests one by one and then all at once on p, checks the
+// audio is the same, and returns it.
+func testBatchedEqualsAlone(t *testing.T, p *Pipeline, budget int) [][]float32 {
 	e := NewEngine(p)
 	if budget > 0 {
 		e.flowFrames, e.vocFrames = budget, budget
 	}
 	defer e.Close()
-	reqs := []Request{
-		{Text: "Hello world.", Seed: 1},
-		{Text: "A somewhat longer sentence, to be spoken while others run.", Seed: 2},
-		{Text: "¿Dónde está la biblioteca?", Seed: 3},
-		{Text: "你好，世界。", Seed: 4},
-		{Text: "Hi", Seed: 5},
-	}
+	reqs := batchRequests
 	alone := make([][]float32, len(reqs))
 	for i, r := range reqs {
 		alone[i] = synth(t, e, r)
@@ -137,6 +216,7 @@ func testBatchedEqualsAlone(t *testing.T, budget int) {
 		}
 		t.Logf("%q: %d samples, max diff %g", reqs[i].Text, len(alone[i]), worst)
 	}
+	return alone
 }
 
 func TestEngineCancel(t *testing.T) {

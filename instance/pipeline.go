@@ -68,7 +68,7 @@ func (p *Pipeline) Close() error {
 		errs = append(errs, p.flow.encoder.Destroy(), p.flow.estimator.Destroy())
 	}
 	if p.voc != nil {
-		errs = append(errs, p.voc.sess.Destroy())
+		errs = append(errs, p.voc.close())
 	}
 	p.rt.close()
 	if p.rt2 != p.rt {

@@ -62,7 +62,7 @@ func (r *PiperRunner) load(f *piperFile) (*ort.DynamicAdvancedSession, error) {
 	if f.HasSID {
 		in = append(in, "sid")
 	}
-	s, err := r.rt.session(f.Path, in, []string{"output"})
+	s, err := r.rt.session("piper", f.Path, in, []string{"output"})
 	if err != nil {
 		return nil, fmt.Errorf("piper voice: %w", err)
 	}

@@ -51,7 +51,7 @@ func BenchmarkPiperConcurrency(b *testing.B) {
 			b.Fatal(err)
 		}
 		load := func() *ort.DynamicAdvancedSession {
-			s, err := rt.session(f.Path, []string{"input", "input_lengths", "scales"}, []string{"output"})
+			s, err := rt.session("piper", f.Path, []string{"input", "input_lengths", "scales"}, []string{"output"})
 			if err != nil {
 				b.Fatal(err)
 			}

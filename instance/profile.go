@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -21,14 +23,30 @@ type StageTiming struct {
 	// AudioPerSecond is seconds of audio the stage turns out per second of its time at this
 	// shape: the ceiling it puts on throughput (the LM's is tokens per second / token rate).
 	AudioPerSecond float64 `json:"audio_per_second"`
+	// Together: timed while the other stages ran at the same time, each at this shape.
+	Together bool `json:"together,omitempty"`
+}
+
+// StageProfile says what ProfileStages times.
+type StageProfile struct {
+	Batches, Tokens []int
+	Runs            int // timed runs per shape, after one untimed run
+	// Together also times each shape with the three stages running at once, each in its own
+	// goroutine as in the engine: the gap to the timings alone says what they cost each other.
+	Together bool
+	// Vary gives every flow and vocoder run items one token longer than the run before, as a
+	// serving engine's batches do, instead of one fixed shape: ONNX Runtime redoes per-shape work
+	// (cuDNN's convolution plans among it) whenever a session's input shape changes.
+	Vary bool
 }
 
 // ProfileStages times each batched stage of p in isolation (nothing else on the device): the LM
 // decode step, the whole flow (encoder and every solver step) and the vocoder, at every batch
-// size for items of each length in tokens. It is how docs/benchmarks explains where the time of
-// a load test goes. It drives the LM decoder directly, so p must not be serving an Engine at the
+// size for items of each length in tokens. It is how docs/benchmarks explains where the time of a
+// load test goes. It drives the LM decoder directly, so p must not be serving an Engine at the
 // same time. progress is called before each shape.
-func (p *Pipeline) ProfileStages(batches, tokens []int, runs int, progress func(StageTiming)) ([]StageTiming, error) {
+func (p *Pipeline) ProfileStages(o StageProfile, progress func(StageTiming)) ([]StageTiming, error) {
+	batches, tokens, runs := o.Batches, o.Tokens, o.Runs
 	if runs < 1 {
 		return nil, errors.New("profile: runs must be at least 1")
 	}
@@ -38,25 +56,6 @@ func (p *Pipeline) ProfileStages(batches, tokens []int, runs int, progress func(
 	R, C := m.Flow.FramesPerToken, m.Flow.MelBins
 	tokenSec := 1 / float64(m.LM.TokenRate)
 	var out []StageTiming
-	timeIt := func(t StageTiming, audio float64, run func() error) error {
-		if progress != nil {
-			progress(t)
-		}
-		if err := run(); err != nil { // untimed: first runs allocate and pick kernels
-			return fmt.Errorf("%s, batch %d × %d tokens: %w", t.Stage, t.Batch, t.Tokens, err)
-		}
-		start := time.Now()
-		for i := 0; i < runs; i++ {
-			if err := run(); err != nil {
-				return fmt.Errorf("%s, batch %d × %d tokens: %w", t.Stage, t.Batch, t.Tokens, err)
-			}
-		}
-		t.Runs = runs
-		t.Mean = time.Since(start) / time.Duration(runs)
-		t.AudioPerSecond = audio / t.Mean.Seconds()
-		out = append(out, t)
-		return nil
-	}
 	for _, n := range tokens {
 		for _, b := range batches {
 			// LM: b sequences whose caches hold n positions, one decode step each.
@@ -71,43 +70,149 @@ func (p *Pipeline) ProfileStages(batches, tokens []int, runs int, progress func(
 			if err != nil {
 				return out, fmt.Errorf("lm prefill, batch %d × %d tokens: %w", b, n, err)
 			}
+			// Flow and vocoder: b chunks of n tokens (with Vary, n, n+1, ... in successive runs).
+			sets := 1
+			if o.Vary {
+				sets = runs + 1
+			}
+			jobs := make([][]flowJob, sets)
+			mels := make([][][]float32, sets)
+			for k := range jobs {
+				jobs[k] = make([]flowJob, b)
+				mels[k] = make([][]float32, b)
+				for i := range jobs[k] {
+					jobs[k][i].tokens = make([]int64, n+k)
+					for j := range jobs[k][i].tokens {
+						jobs[k][i].tokens[j] = token()
+					}
+					jobs[k][i].noise = p.noise(uint64(i), 0, (n+k)*R)
+					mels[k][i] = make([]float32, C*(n+k)*R)
+					for j := range mels[k][i] {
+						mels[k][i][j] = float32(rng.NormFloat64())
+					}
+				}
+			}
+			flowRun, vocRun := 0, 0
 			ids := make([]int64, b)
-			err = timeIt(StageTiming{Stage: "lm_decode", Batch: b, Tokens: n}, float64(b)*tokenSec, func() error {
-				_, err := p.lm.step(rows, ids)
-				return err
-			})
-			p.lm.release()
-			if err != nil {
-				return out, err
-			}
-			// Flow and vocoder: b chunks of n tokens.
-			jobs := make([]flowJob, b)
-			mels := make([][]float32, b)
-			for i := range jobs {
-				jobs[i].tokens = make([]int64, n)
-				for j := range jobs[i].tokens {
-					jobs[i].tokens[j] = token()
-				}
-				jobs[i].noise = p.noise(uint64(i), 0, n*R)
-				mels[i] = make([]float32, C*n*R)
-				for j := range mels[i] {
-					mels[i][j] = float32(rng.NormFloat64())
-				}
-			}
 			audio := float64(b*n) * tokenSec
-			if err := timeIt(StageTiming{Stage: "flow", Batch: b, Tokens: n}, audio, func() error {
-				_, err := p.flow.run(jobs)
-				return err
-			}); err != nil {
-				return out, err
+			stages := []stageRun{
+				{StageTiming{Stage: "lm_decode", Batch: b, Tokens: n}, float64(b) * tokenSec, func() error {
+					_, err := p.lm.step(rows, ids)
+					return err
+				}},
+				{StageTiming{Stage: "flow", Batch: b, Tokens: n}, audio, func() error {
+					_, err := p.flow.run(jobs[flowRun%sets])
+					flowRun++
+					return err
+				}},
+				{StageTiming{Stage: "vocoder", Batch: b, Tokens: n}, audio, func() error {
+					_, err := p.voc.run(mels[vocRun%sets])
+					vocRun++
+					return err
+				}},
 			}
-			if err := timeIt(StageTiming{Stage: "vocoder", Batch: b, Tokens: n}, audio, func() error {
-				_, err := p.voc.run(mels)
-				return err
-			}); err != nil {
-				return out, err
+			for _, st := range stages {
+				if progress != nil {
+					progress(st.t)
+				}
+				t, err := st.time(runs)
+				if err != nil {
+					p.lm.release()
+					return out, err
+				}
+				out = append(out, t)
 			}
+			if o.Together {
+				if progress != nil {
+					progress(StageTiming{Stage: "all three", Batch: b, Tokens: n, Together: true})
+				}
+				ts, err := timeTogether(stages, runs)
+				if err != nil {
+					p.lm.release()
+					return out, err
+				}
+				out = append(out, ts...)
+			}
+			p.lm.release()
 		}
 	}
 	return out, nil
+}
+
+// stageRun is one stage at one shape: run does one batched run that turns out audio seconds.
+type stageRun struct {
+	t     StageTiming
+	audio float64
+	run   func() error
+}
+
+func (s stageRun) fail(err error) error {
+	return fmt.Errorf("%s, batch %d × %d tokens: %w", s.t.Stage, s.t.Batch, s.t.Tokens, err)
+}
+
+// time runs s once untimed (first runs allocate and pick kernels), then runs times.
+func (s stageRun) time(runs int) (StageTiming, error) {
+	if err := s.run(); err != nil {
+		return s.t, s.fail(err)
+	}
+	start := time.Now()
+	for i := 0; i < runs; i++ {
+		if err := s.run(); err != nil {
+			return s.t, s.fail(err)
+		}
+	}
+	return s.done(runs, time.Since(start)), nil
+}
+
+func (s stageRun) done(runs int, total time.Duration) StageTiming {
+	t := s.t
+	t.Runs = runs
+	t.Mean = total / time.Duration(runs)
+	t.AudioPerSecond = s.audio / t.Mean.Seconds()
+	return t
+}
+
+// timeTogether runs every stage in its own goroutine, over and over, until each has done runs
+// runs, and times each stage's runs; a stage that finishes first keeps running so that the
+// others are timed beside it to the end.
+func timeTogether(stages []stageRun, runs int) ([]StageTiming, error) {
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	left := sync.WaitGroup{}
+	left.Add(len(stages))
+	out := make([]StageTiming, len(stages))
+	errs := make([]error, len(stages))
+	for i, st := range stages {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n, reached := 0, false
+			var total time.Duration
+			defer func() {
+				if !reached {
+					left.Done()
+				}
+			}()
+			for !stop.Load() {
+				start := time.Now()
+				if err := st.run(); err != nil {
+					errs[i] = st.fail(err)
+					stop.Store(true)
+					return
+				}
+				total += time.Since(start)
+				n++
+				if n == runs {
+					reached = true
+					left.Done()
+				}
+			}
+			out[i] = st.done(n, total)
+			out[i].Together = true
+		}()
+	}
+	left.Wait()
+	stop.Store(true)
+	wg.Wait()
+	return out, errors.Join(errs...)
 }

@@ -3,6 +3,7 @@ package instance
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/voxmux/voxmux/config"
 	"github.com/voxmux/voxmux/instance/iobind"
@@ -13,12 +14,21 @@ import (
 // runtime owns the ONNX Runtime environment and the session options of one instance process.
 type runtime struct {
 	lmPriority bool // the LM on a high-priority CUDA stream (provider option lm_stream_priority)
-	opts       *ort.SessionOptions
-	provider   string
-	device     int
+	// profile is the path prefix of ONNX Runtime's per-session profiles (provider option
+	// profile); empty: no profiling.
+	profile  string
+	opts     *ort.SessionOptions
+	provider string
+	device   int
 	// cudaOpts are the CUDA provider options in force, for sessions made outside onnxruntime_go.
 	cudaOpts map[string]string
-	library  string
+	// convSearchSet: provider_options chose cudnn_conv_algo_search, for every session.
+	convSearchSet bool
+	intraOp       int // intra_op_num_threads, 0: ONNX Runtime's default
+	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
+	// vocoder_batches); none: one session takes every shape.
+	vocoderBatches []int
+	library        string
 }
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
@@ -39,8 +49,24 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 	}
 	rest := map[string]string{}
 	lmPriority := true
+	profile := ""
+	intraOp := 0
+	var vocBatches []int
+	vocSet := false
 	for k, v := range cfg.ProviderOptions {
 		switch k {
+		case "vocoder_batches":
+			vocSet = true
+			if vocBatches, err = parseBatches(v); err != nil {
+				opts.Destroy()
+				return nil, fmt.Errorf("provider option vocoder_batches: %w", err)
+			}
+		case "profile":
+			if v == "" {
+				opts.Destroy()
+				return nil, fmt.Errorf("provider option profile: give a path prefix for the profile files")
+			}
+			profile = v
 		case "lm_stream_priority":
 			if v != "high" && v != "normal" {
 				opts.Destroy()
@@ -57,6 +83,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 				opts.Destroy()
 				return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
 			}
+			intraOp = n
 		default:
 			rest[k] = v
 		}
@@ -105,15 +132,106 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		opts.Destroy()
 		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
 	}
-	return &runtime{lmPriority: lmPriority, opts: opts, provider: cfg.Provider, device: device, cudaOpts: cudaOpts, library: cfg.ORTLibrary}, nil
+	if cfg.Provider == "cuda" && !vocSet {
+		// cuDNN plans every convolution again whenever a session's input shape changes, which a
+		// vocoder fed chunks of every length does on nearly every run (docs/pipeline.md).
+		vocBatches = []int{1, 4, 16}
+	}
+	_, convSet := cfg.ProviderOptions["cudnn_conv_algo_search"]
+	return &runtime{lmPriority: lmPriority, profile: profile, opts: opts, provider: cfg.Provider, device: device,
+		cudaOpts: cudaOpts, convSearchSet: convSet, intraOp: intraOp, vocoderBatches: vocBatches, library: cfg.ORTLibrary}, nil
 }
 
-func (r *runtime) session(file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+// session loads file; name tells its profile apart from the other sessions'.
+func (r *runtime) session(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	if r.profile != "" {
+		// The options are shared, so profiling is switched on for this session alone: ONNX Runtime
+		// names a profile by prefix and second, and sessions made in the same second would collide.
+		if err := r.opts.EnableProfiling(r.profilePrefix(name)); err != nil {
+			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
+		}
+		defer r.opts.DisableProfiling()
+	}
 	s, err := ort.NewDynamicAdvancedSession(file, inputs, outputs, r.opts)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", file, err)
 	}
 	return s, nil
+}
+
+// fixedShapeSession loads file for a session that only ever sees one input shape. On CUDA its
+// convolutions use cuDNN's heuristic engine choice (cudnn_conv_algo_search EXHAUSTIVE, which
+// ONNX Runtime 1.29 maps to cuDNN frontend's heuristics mode B): choosing costs over a second per
+// shape, paid once here, and the engines it picks ran the benchmark vocoder 3× faster than
+// DEFAULT's fallback ones. provider_options' own cudnn_conv_algo_search wins.
+func (r *runtime) fixedShapeSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	if r.provider != "cuda" || r.convSearchSet {
+		return r.session(name, file, inputs, outputs)
+	}
+	opts, err := ort.NewSessionOptions()
+	if err != nil {
+		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
+	}
+	defer opts.Destroy()
+	if r.intraOp > 0 {
+		if err := opts.SetIntraOpNumThreads(r.intraOp); err != nil {
+			return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
+		}
+	}
+	cuda, err := ort.NewCUDAProviderOptions()
+	if err != nil {
+		return nil, fmt.Errorf("cuda provider: %w", err)
+	}
+	defer cuda.Destroy()
+	o := map[string]string{}
+	for k, v := range r.cudaOpts {
+		o[k] = v
+	}
+	o["cudnn_conv_algo_search"] = "EXHAUSTIVE"
+	if err := cuda.Update(o); err != nil {
+		return nil, fmt.Errorf("cuda provider options %v: %w", o, err)
+	}
+	if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
+		return nil, fmt.Errorf("cuda provider: %w", err)
+	}
+	if r.profile != "" {
+		if err := opts.EnableProfiling(r.profilePrefix(name)); err != nil {
+			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
+		}
+	}
+	s, err := ort.NewDynamicAdvancedSession(file, inputs, outputs, opts)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", file, err)
+	}
+	return s, nil
+}
+
+// parseBatches reads "1,4,16" (ascending batch sizes) or "off".
+func parseBatches(v string) ([]int, error) {
+	if v == "off" {
+		return nil, nil
+	}
+	var out []int
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a list of batch sizes like 1,4,16 (or off)", v)
+		}
+		if len(out) > 0 && n <= out[len(out)-1] {
+			return nil, fmt.Errorf("%q: batch sizes must rise", v)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// profilePrefix is where the session called name writes its profile ("" when not profiling).
+// ONNX Runtime adds the time and ".json", and writes the file when the session is released.
+func (r *runtime) profilePrefix(name string) string {
+	if r.profile == "" {
+		return ""
+	}
+	return r.profile + name
 }
 
 // placement is where sessions made through iobind compute.
@@ -126,6 +244,7 @@ func (r *runtime) placement() iobind.Placement {
 func (r *runtime) lmPlacement() iobind.Placement {
 	p := r.placement()
 	p.HighPriority = p.CUDA && r.lmPriority
+	p.Profile = r.profilePrefix("lm")
 	return p
 }
 

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"errors"
 	"fmt"
 
 	ort "github.com/yalue/onnxruntime_go"
@@ -24,11 +25,11 @@ type flowStage struct {
 }
 
 func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
-	enc, err := rt.session(m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
+	enc, err := rt.session("flow_encoder", m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
 	if err != nil {
 		return nil, fmt.Errorf("flow encoder: %w", err)
 	}
-	est, err := rt.session(m.Path(m.Flow.Estimator),
+	est, err := rt.session("flow_estimator", m.Path(m.Flow.Estimator),
 		[]string{m.Tensor("x"), m.Tensor("mask"), m.Tensor("mu"), m.Tensor("t")}, []string{m.Tensor("velocity")})
 	if err != nil {
 		enc.Destroy()
@@ -170,21 +171,105 @@ func (s *flowStage) estimate(B, C, F int, x, mask, mu, t []float32) ([]float32, 
 
 type vocoderStage struct {
 	m    *Manifest
-	sess *ort.DynamicAdvancedSession
+	sess *ort.DynamicAdvancedSession // any shape
+	// fixed[i] only ever runs batches of batches[i] items of frames frames: ONNX Runtime plans
+	// its cuDNN convolutions again whenever a session's input shape changes, which costs the
+	// benchmark vocoder 5× its run time (docs/benchmarks). Items are padded on the right with
+	// zeros, which a causal vocoder ignores (docs/pipeline.md). Empty: sess runs every batch.
+	batches []int
+	fixed   []*ort.DynamicAdvancedSession
+	frames  int
 }
 
 func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
-	s, err := rt.session(m.Path(m.Vocoder.File), []string{m.Tensor("mel")}, []string{m.Tensor("audio")})
+	in, out := []string{m.Tensor("mel")}, []string{m.Tensor("audio")}
+	s, err := rt.session("vocoder", m.Path(m.Vocoder.File), in, out)
 	if err != nil {
 		return nil, fmt.Errorf("vocoder: %w", err)
 	}
-	return &vocoderStage{m: m, sess: s}, nil
+	v := &vocoderStage{m: m, sess: s}
+	if len(rt.vocoderBatches) == 0 {
+		return v, nil
+	}
+	// The longest item the engine hands over: the largest chunk and its context.
+	maxChunk := 0
+	for _, c := range m.Streaming.ChunkTokens {
+		maxChunk = max(maxChunk, c)
+	}
+	v.frames = (maxChunk + m.Streaming.ContextTokens) * m.Flow.FramesPerToken
+	for _, b := range rt.vocoderBatches {
+		f, err := rt.fixedShapeSession(fmt.Sprintf("vocoder_%d", b), m.Path(m.Vocoder.File), in, out)
+		if err == nil {
+			v.fixed = append(v.fixed, f)
+			v.batches = append(v.batches, b)
+			// Warm up: the session plans its convolutions for its one shape now, not on a request.
+			_, err = v.runFixed(len(v.fixed)-1, make([][]float32, b))
+		}
+		if err != nil {
+			v.close()
+			return nil, fmt.Errorf("vocoder, batch %d × %d frames: %w", b, v.frames, err)
+		}
+	}
+	return v, nil
+}
+
+func (s *vocoderStage) close() error {
+	var errs []error
+	for _, f := range s.fixed {
+		errs = append(errs, f.Destroy())
+	}
+	s.fixed = nil
+	return errors.Join(append(errs, s.sess.Destroy())...)
 }
 
 // run turns each channel-major mel [mel_bins][frames] into frames·hop samples.
 func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
+	C := s.m.Flow.MelBins
+	if len(s.fixed) == 0 {
+		return s.runOn(s.sess, mels, 0)
+	}
+	for _, m := range mels {
+		if len(m)/C > s.frames {
+			// Longer than any chunk the engine makes (bench stages asks for such shapes).
+			return s.runOn(s.sess, mels, 0)
+		}
+	}
+	out := make([][]float32, 0, len(mels))
+	for len(mels) > 0 {
+		// The smallest fixed batch that takes every item left, else the largest, repeatedly.
+		i := len(s.batches) - 1
+		for j, b := range s.batches {
+			if b >= len(mels) {
+				i = j
+				break
+			}
+		}
+		n := min(len(mels), s.batches[i])
+		audio, err := s.runFixed(i, mels[:n])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, audio...)
+		mels = mels[n:]
+	}
+	return out, nil
+}
+
+// runFixed runs mels on fixed session i, padded to its batch with silent items.
+func (s *vocoderStage) runFixed(i int, mels [][]float32) ([][]float32, error) {
+	padded := make([][]float32, s.batches[i])
+	copy(padded, mels)
+	audio, err := s.runOn(s.fixed[i], padded, s.frames)
+	if err != nil {
+		return nil, err
+	}
+	return audio[:len(mels)], nil
+}
+
+// runOn runs one batch on sess, every item padded to the longest or to frames if that is more.
+func (s *vocoderStage) runOn(sess *ort.DynamicAdvancedSession, mels [][]float32, frames int) ([][]float32, error) {
 	B, C, hop := len(mels), s.m.Flow.MelBins, s.m.Vocoder.Hop
-	F := 0
+	F := frames
 	for _, m := range mels {
 		F = max(F, len(m)/C)
 	}
@@ -201,7 +286,7 @@ func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
 	}
 	defer t.Destroy()
 	outs := []ort.Value{nil}
-	if err := s.sess.Run([]ort.Value{t}, outs); err != nil {
+	if err := sess.Run([]ort.Value{t}, outs); err != nil {
 		return nil, fmt.Errorf("vocoder: %w", err)
 	}
 	defer destroy(outs)

@@ -4,7 +4,7 @@
 # FFmpeg's libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|sweep|twogroups ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|twogroups ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -109,7 +109,21 @@ bench() {
 stages() {
   bigcfg stages 127.0.0.1:8071 "  - {name: gpu0, gpus: [0]${GROUP_EXTRA:-}}"
   "$bin" bench stages --config "$logs/stages.yaml" --batch ${BATCHES:-1,8,32,64} --tokens ${TOKENS:-15,115} \
-    --runs ${RUNS:-5} --json "${STAGES_JSON:-$logs/stages.json}" 2>/dev/null
+    --runs ${RUNS:-5} ${VARY:+--vary} --json "${STAGES_JSON:-$logs/stages.json}" 2>/dev/null
+}
+
+# Each stage of $BIG alone and then the three at once, in one process (bench stages --together);
+# with PROFILE=prefix, ONNX Runtime profiles every session and the summary follows the timings.
+together() {
+  local extra=${GROUP_EXTRA:-}
+  if [ -n "${PROFILE:-}" ]; then
+    mkdir -p "$(dirname "$PROFILE")"
+    extra="$extra, provider_options: {profile: $PROFILE}"
+  fi
+  bigcfg together 127.0.0.1:8072 "  - {name: gpu0, gpus: [0]$extra}"
+  "$bin" bench stages --config "$logs/together.yaml" --batch ${BATCHES:-1,16} --tokens ${TOKENS:-15,115} \
+    --runs ${RUNS:-5} --together --json "${STAGES_JSON:-$logs/together.json}" 2>/dev/null
+  if [ -n "${PROFILE:-}" ]; then python3 "$repo/scripts/ort_profile_summary.py" "$PROFILE"; fi
 }
 
 # Serves $BIG with the given groups and sweeps it with voxmux bench (no baseline).

@@ -19,13 +19,17 @@ func stagesCmd() *cobra.Command {
 	var cfgPath, group, jsonOut string
 	var batches, tokens []int
 	var runs int
+	var together, vary bool
 	cmd := &cobra.Command{
 		Use:   "stages",
 		Short: "Time each batched stage (LM decode step, flow, vocoder) of the configured model alone",
 		Long: "stages loads the model of --config in this process with the group's provider options and times\n" +
 			"the LM decode step, the whole flow (encoder and every solver step) and the vocoder at each batch\n" +
 			"size, for items of each length in speech tokens. It uses the first GPU this process sees (set\n" +
-			"CUDA_VISIBLE_DEVICES to choose); run it on an idle GPU, not beside a serving router.",
+			"CUDA_VISIBLE_DEVICES to choose); run it on an idle GPU, not beside a serving router.\n" +
+			"With --together each shape is timed again with the three stages running at once, as they do\n" +
+			"in a serving instance. The group's provider option profile (a path prefix) makes ONNX Runtime\n" +
+			"write a profile of each session when the command ends (scripts/ort_profile_summary.py reads them).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runs < 1 {
@@ -64,10 +68,14 @@ func stagesCmd() *cobra.Command {
 			}
 			defer p.Close()
 			w := cmd.OutOrStdout()
-			fmt.Fprintf(w, "# Stages of %s, each alone (%s)\n\n", cfg.ModelPath(), cfg.Provider)
+			how := "each shape fixed"
+			if vary {
+				how = "each flow and vocoder run one token longer than the last"
+			}
+			fmt.Fprintf(w, "# Stages of %s, each alone (%s; %s)\n\n", cfg.ModelPath(), cfg.Provider, how)
 			fmt.Fprintln(w, "| stage | batch | tokens | ms per run | audio s per s |")
 			fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
-			res, err := p.ProfileStages(batches, tokens, runs, func(t instance.StageTiming) {
+			res, err := p.ProfileStages(instance.StageProfile{Batches: batches, Tokens: tokens, Runs: runs, Together: together, Vary: vary}, func(t instance.StageTiming) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "timing %s: batch %d × %d tokens ...\n", t.Stage, t.Batch, t.Tokens)
 			})
 			writeStages(w, res)
@@ -86,13 +94,19 @@ func stagesCmd() *cobra.Command {
 	f.IntSliceVar(&batches, "batch", []int{1, 8, 32, 64}, "batch sizes")
 	f.IntSliceVar(&tokens, "tokens", []int{15, 115}, "item lengths in speech tokens (a flow chunk with its context; the LM's cache length)")
 	f.IntVar(&runs, "runs", 5, "timed runs per shape, after one untimed run")
+	f.BoolVar(&together, "together", false, "also time each shape with the three stages running at once")
+	f.BoolVar(&vary, "vary", false, "make each flow and vocoder run one token longer than the last, as a server's batches change shape")
 	f.StringVar(&jsonOut, "json", "", "also write the timings to this JSON file")
 	return cmd
 }
 
 func writeStages(w io.Writer, res []instance.StageTiming) {
 	for _, t := range res {
-		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.0f |\n", t.Stage, t.Batch, t.Tokens,
+		stage := t.Stage
+		if t.Together {
+			stage += ", with the others"
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.0f |\n", stage, t.Batch, t.Tokens,
 			float64(t.Mean)/float64(time.Millisecond), t.AudioPerSecond)
 	}
 }

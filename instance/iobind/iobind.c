@@ -99,11 +99,12 @@ static char* load_cudart(void) {
 
 // high_priority: the session computes on a stream of the device's highest priority, so that its
 // kernels are scheduled ahead of those other sessions have queued on the same GPU.
-char* vx_session(const char* model, int cuda, int device, int high_priority, const char** keys, const char** values, int n_opts,
+char* vx_session(const char* model, int cuda, int device, int high_priority, const char* profile, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding) {
 	OrtSessionOptions* so = NULL;
 	char* e = status(api->CreateSessionOptions(&so), "CreateSessionOptions");
-	if (e) return e;
+	if (!e && profile) e = status(api->EnableProfiling(so, profile), "EnableProfiling");
+	if (e) { if (so) api->ReleaseSessionOptions(so); return e; }
 	if (cuda) {
 		if ((e = load_cudart())) { api->ReleaseSessionOptions(so); return e; }
 		OrtCUDAProviderOptionsV2* co = NULL;

@@ -78,6 +78,9 @@ type Placement struct {
 	// HighPriority runs the session's kernels on a stream of the GPU's highest priority, ahead
 	// of work other sessions have queued (the LM's short steps beside long flow batches).
 	HighPriority bool
+	// Profile, when set, is the path prefix of ONNX Runtime's profile of this session, written
+	// when the session is closed.
+	Profile string
 }
 
 // Session is one model with its I/O binding. Not safe for concurrent use.
@@ -127,7 +130,12 @@ func Open(model string, p Placement) (*Session, error) {
 	if p.HighPriority {
 		prio = 1
 	}
-	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), prio, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
+	var prof *C.char
+	if p.Profile != "" {
+		prof = C.CString(p.Profile)
+		defer C.free(unsafe.Pointer(prof))
+	}
+	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), prio, prof, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
 	if err != nil {
 		C.vx_session_free(s.s, s.mem, s.alloc, s.b)
 		return nil, fmt.Errorf("%s: %w", model, err)
