@@ -472,6 +472,15 @@ func (m *Monitor) apply(g *gpu, r reading, now time.Time, changed []GPUStatus) [
 	return m.settle(g, changed)
 }
 
+// readAll reads gs through NVML, outside m.mu: a slow driver call must not block Snapshot.
+func (m *Monitor) readAll(gs []*gpu) ([]reading, time.Time) {
+	rs := make([]reading, len(gs))
+	for i, g := range gs {
+		rs[i] = m.read(g)
+	}
+	return rs, time.Now()
+}
+
 // poll reads every GPU once.
 func (m *Monitor) poll() {
 	m.change.Lock()
@@ -479,11 +488,7 @@ func (m *Monitor) poll() {
 	m.mu.RLock()
 	gs := slices.Clone(m.gpus)
 	m.mu.RUnlock()
-	rs := make([]reading, len(gs))
-	for i, g := range gs {
-		rs[i] = m.read(g)
-	}
-	now := time.Now()
+	rs, now := m.readAll(gs)
 	var changed []GPUStatus
 	m.mu.Lock()
 	for i, g := range gs {
@@ -514,11 +519,7 @@ func (m *Monitor) Check(indices ...int) error {
 		gs = append(gs, m.gpus[i])
 	}
 	m.mu.RUnlock()
-	rs := make([]reading, len(gs))
-	for i, g := range gs {
-		rs[i] = m.read(g)
-	}
-	now := time.Now()
+	rs, now := m.readAll(gs)
 	var changed []GPUStatus
 	var errs []error
 	m.mu.Lock()

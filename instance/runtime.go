@@ -2,6 +2,7 @@ package instance
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
@@ -43,161 +44,142 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			return nil, fmt.Errorf("onnxruntime: cannot load %s: %w", cfg.ORTLibrary, err)
 		}
 	}
-	opts, err := ort.NewSessionOptions()
-	if err != nil {
-		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
-	}
+	r := &runtime{lmPriority: true, provider: cfg.Provider, device: device, library: cfg.ORTLibrary}
 	rest := map[string]string{}
-	lmPriority := true
-	profile := ""
-	intraOp := 0
-	var vocBatches []int
 	vocSet := false
 	for k, v := range cfg.ProviderOptions {
 		switch k {
 		case "vocoder_batches":
 			vocSet = true
-			if vocBatches, err = parseBatches(v); err != nil {
-				opts.Destroy()
+			var err error
+			if r.vocoderBatches, err = parseBatches(v); err != nil {
 				return nil, fmt.Errorf("provider option vocoder_batches: %w", err)
 			}
 		case "profile":
 			if v == "" {
-				opts.Destroy()
 				return nil, fmt.Errorf("provider option profile: give a path prefix for the profile files")
 			}
-			profile = v
+			r.profile = v
 		case "lm_stream_priority":
 			if v != "high" && v != "normal" {
-				opts.Destroy()
 				return nil, fmt.Errorf("provider option lm_stream_priority: %q is not high or normal", v)
 			}
-			lmPriority = v == "high"
+			r.lmPriority = v == "high"
 		case "intra_op_num_threads":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
-				opts.Destroy()
 				return nil, fmt.Errorf("provider option intra_op_num_threads: %q is not a thread count", v)
 			}
-			if err := opts.SetIntraOpNumThreads(n); err != nil {
-				opts.Destroy()
-				return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
-			}
-			intraOp = n
+			r.intraOp = n
 		default:
 			rest[k] = v
 		}
 	}
-	var cudaOpts map[string]string
 	switch cfg.Provider {
 	case "cpu", "":
 		if len(rest) > 0 {
-			opts.Destroy()
 			return nil, fmt.Errorf("provider cpu: unknown provider options %v", keys(rest))
 		}
 	case "cuda":
-		cuda, err := ort.NewCUDAProviderOptions()
-		if err != nil {
-			opts.Destroy()
-			return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", cfg.ORTLibrary, err)
-		}
-		defer cuda.Destroy()
 		// The instance sees only its group's GPUs (CUDA_VISIBLE_DEVICES), so device 0 is the group's first GPU.
-		// DEFAULT (a fixed algorithm): with EXHAUSTIVE, ONNX Runtime's default, cuDNN benchmarks
-		// every convolution again for each new frame count, which streaming chunks keep producing;
-		// HEURISTIC failed to initialise cuDNN's frontend for a dilated convolution of the
-		// benchmark vocoder (ORT 1.29, cuDNN 9.14, H200). provider_options can choose another.
+		// DEFAULT: ONNX Runtime 1.29 plans every convolution again (cuDNN frontend) whenever a
+		// session's input shape changes, which streaming chunks keep doing; DEFAULT's fallback
+		// engines plan in about a millisecond, EXHAUSTIVE's heuristics in about a second, and
+		// HEURISTIC failed to initialise for a dilated convolution of the benchmark vocoder (cuDNN
+		// 9.14, H200). Fixed-shape sessions use EXHAUSTIVE (fixedShapeSession). provider_options
+		// can choose another.
 		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "DEFAULT"}
-		for k, v := range rest {
-			o[k] = v
-		}
+		maps.Copy(o, rest)
 		if cfg.GPUMemoryLimit != "" {
 			limit, err := memoryLimit(cfg.GPUMemoryLimit, device)
 			if err != nil {
-				opts.Destroy()
 				return nil, err
 			}
 			o["gpu_mem_limit"] = strconv.FormatUint(limit, 10)
 		}
-		if err := cuda.Update(o); err != nil {
-			opts.Destroy()
-			return nil, fmt.Errorf("cuda provider cannot be loaded with options %v (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path? scripts/install-onnxruntime.sh --gpu installs it): %w", o, cfg.ORTLibrary, err)
-		}
-		cudaOpts = o
-		if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
-			opts.Destroy()
-			return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", cfg.ORTLibrary, err)
+		r.cudaOpts = o
+		_, r.convSearchSet = rest["cudnn_conv_algo_search"]
+		if !vocSet {
+			// A vocoder fed chunks of every length changes shape on nearly every run.
+			r.vocoderBatches = []int{1, 4, 16}
 		}
 	default:
-		opts.Destroy()
 		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
 	}
-	if cfg.Provider == "cuda" && !vocSet {
-		// cuDNN plans every convolution again whenever a session's input shape changes, which a
-		// vocoder fed chunks of every length does on nearly every run (docs/pipeline.md).
-		vocBatches = []int{1, 4, 16}
-	}
-	_, convSet := cfg.ProviderOptions["cudnn_conv_algo_search"]
-	return &runtime{lmPriority: lmPriority, profile: profile, opts: opts, provider: cfg.Provider, device: device,
-		cudaOpts: cudaOpts, convSearchSet: convSet, intraOp: intraOp, vocoderBatches: vocBatches, library: cfg.ORTLibrary}, nil
-}
-
-// session loads file; name tells its profile apart from the other sessions'.
-func (r *runtime) session(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
-	if r.profile != "" {
-		// The options are shared, so profiling is switched on for this session alone: ONNX Runtime
-		// names a profile by prefix and second, and sessions made in the same second would collide.
-		if err := r.opts.EnableProfiling(r.profilePrefix(name)); err != nil {
-			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
-		}
-		defer r.opts.DisableProfiling()
-	}
-	s, err := ort.NewDynamicAdvancedSession(file, inputs, outputs, r.opts)
+	opts, err := r.sessionOptions(nil)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", file, err)
+		return nil, err
 	}
-	return s, nil
+	r.opts = opts
+	return r, nil
 }
 
-// fixedShapeSession loads file for a session that only ever sees one input shape. On CUDA its
-// convolutions use cuDNN's heuristic engine choice (cudnn_conv_algo_search EXHAUSTIVE, which
-// ONNX Runtime 1.29 maps to cuDNN frontend's heuristics mode B): choosing costs over a second per
-// shape, paid once here, and the engines it picks ran the benchmark vocoder 3× faster than
-// DEFAULT's fallback ones. provider_options' own cudnn_conv_algo_search wins.
-func (r *runtime) fixedShapeSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
-	if r.provider != "cuda" || r.convSearchSet {
-		return r.session(name, file, inputs, outputs)
-	}
+// sessionOptions makes session options for the runtime's provider, its CUDA provider options
+// replaced by those in cuda.
+func (r *runtime) sessionOptions(cuda map[string]string) (_ *ort.SessionOptions, err error) {
 	opts, err := ort.NewSessionOptions()
 	if err != nil {
 		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
 	}
-	defer opts.Destroy()
+	defer func() {
+		if err != nil {
+			opts.Destroy()
+		}
+	}()
 	if r.intraOp > 0 {
 		if err := opts.SetIntraOpNumThreads(r.intraOp); err != nil {
 			return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
 		}
 	}
-	cuda, err := ort.NewCUDAProviderOptions()
+	if r.provider != "cuda" {
+		return opts, nil
+	}
+	p, err := ort.NewCUDAProviderOptions()
 	if err != nil {
-		return nil, fmt.Errorf("cuda provider: %w", err)
+		return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", r.library, err)
 	}
-	defer cuda.Destroy()
-	o := map[string]string{}
-	for k, v := range r.cudaOpts {
-		o[k] = v
+	defer p.Destroy()
+	o := maps.Clone(r.cudaOpts)
+	maps.Copy(o, cuda)
+	if err := p.Update(o); err != nil {
+		return nil, fmt.Errorf("cuda provider cannot be loaded with options %v (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path? scripts/install-onnxruntime.sh --gpu installs it): %w", o, r.library, err)
 	}
-	o["cudnn_conv_algo_search"] = "EXHAUSTIVE"
-	if err := cuda.Update(o); err != nil {
-		return nil, fmt.Errorf("cuda provider options %v: %w", o, err)
+	if err := opts.AppendExecutionProviderCUDA(p); err != nil {
+		return nil, fmt.Errorf("cuda provider cannot be loaded (is libonnxruntime_providers_cuda.so beside %s, with CUDA 13 and cuDNN 9 on the library path?): %w", r.library, err)
 	}
-	if err := opts.AppendExecutionProviderCUDA(cuda); err != nil {
-		return nil, fmt.Errorf("cuda provider: %w", err)
+	return opts, nil
+}
+
+// session loads file with the shared options; name tells its profile apart from the others'.
+func (r *runtime) session(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	return r.load(r.opts, name, file, inputs, outputs)
+}
+
+// fixedShapeSession loads file for a session that only ever sees one input shape. On CUDA its
+// convolutions use cudnn_conv_algo_search EXHAUSTIVE (ONNX Runtime 1.29: cuDNN frontend's
+// heuristics mode B): planning costs over a second per shape, paid once here, and the engines it
+// picks ran the benchmark vocoder 3× faster than DEFAULT's fallback ones. provider_options' own
+// cudnn_conv_algo_search wins.
+func (r *runtime) fixedShapeSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	if r.provider != "cuda" || r.convSearchSet {
+		return r.session(name, file, inputs, outputs)
 	}
+	opts, err := r.sessionOptions(map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"})
+	if err != nil {
+		return nil, err
+	}
+	defer opts.Destroy()
+	return r.load(opts, name, file, inputs, outputs)
+}
+
+func (r *runtime) load(opts *ort.SessionOptions, name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
 	if r.profile != "" {
+		// Profiling is switched on for this session alone: ONNX Runtime names a profile by prefix
+		// and second, and sessions made in the same second from shared options would collide.
 		if err := opts.EnableProfiling(r.profilePrefix(name)); err != nil {
 			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
 		}
+		defer opts.DisableProfiling()
 	}
 	s, err := ort.NewDynamicAdvancedSession(file, inputs, outputs, opts)
 	if err != nil {
