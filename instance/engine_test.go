@@ -27,11 +27,16 @@ func ortLibrary(t testing.TB) string {
 // tinyPipeline loads models/tiny; the engine that gets it closes it.
 func tinyPipeline(t testing.TB) *Pipeline {
 	t.Helper()
-	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)})
+	p, err := loadTiny(t, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// loadTiny loads models/tiny on the CPU with the given provider options.
+func loadTiny(t testing.TB, opts map[string]string) (*Pipeline, error) {
+	return LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t), ProviderOptions: opts})
 }
 
 func synth(t *testing.T, e *Engine, req Request) []float32 {
@@ -100,8 +105,7 @@ func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, 
 // The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the longest the engine
 // makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
 func TestEngineFixedVocoderShapes(t *testing.T) {
-	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		ProviderOptions: map[string]string{"vocoder_batches": "1,2"}})
+	p, err := loadTiny(t, map[string]string{"vocoder_batches": "1,2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,14 +159,12 @@ func TestEngineFixedVocoderShapes(t *testing.T) {
 
 func TestVocoderBatchesOption(t *testing.T) {
 	for _, v := range []string{"0", "4,2", "x", "1,,2", ""} {
-		_, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-			ProviderOptions: map[string]string{"vocoder_batches": v}})
+		_, err := loadTiny(t, map[string]string{"vocoder_batches": v})
 		if err == nil || !strings.Contains(err.Error(), "vocoder_batches") {
 			t.Errorf("vocoder_batches %q: err %v, want one naming the option", v, err)
 		}
 	}
-	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		ProviderOptions: map[string]string{"vocoder_batches": "off"}})
+	p, err := loadTiny(t, map[string]string{"vocoder_batches": "off"})
 	if err != nil {
 		t.Fatal(err)
 	}

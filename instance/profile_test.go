@@ -66,8 +66,7 @@ func TestProfileStagesTogether(t *testing.T) {
 // its own file, written when the pipeline closes.
 func TestProfileOptionWritesEachSessionsProfile(t *testing.T) {
 	dir := t.TempDir()
-	p, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		ProviderOptions: map[string]string{"profile": filepath.Join(dir, "run-")}})
+	p, err := loadTiny(t, map[string]string{"profile": filepath.Join(dir, "run-")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,8 +104,7 @@ func TestProfileOptionWritesEachSessionsProfile(t *testing.T) {
 			t.Errorf("%s: no model_run events in %d", files[0], len(events))
 		}
 	}
-	if _, err := LoadPipeline(LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		ProviderOptions: map[string]string{"profile": ""}}); err == nil || !strings.Contains(err.Error(), "profile") {
+	if _, err := loadTiny(t, map[string]string{"profile": ""}); err == nil || !strings.Contains(err.Error(), "profile") {
 		t.Errorf("empty profile prefix: err %v, want one naming the option", err)
 	}
 }
