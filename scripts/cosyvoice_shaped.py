@@ -258,8 +258,32 @@ def fix_attention_inputs(model):
     return n
 
 
+def conv1d_as_matmul(x, conv, left, right):
+    """conv (an nn.Conv1d, any groups) over channels-last x [B,T,C_in] padded with left/right
+    zeros in time, as one Gather and one batched MatMul: [B,T_out,C_out], channels-last.
+
+    The exported graph then has no Conv node. ONNX Runtime plans a cuDNN convolution again
+    whenever its input shape changes, which a server's batches do on nearly every run, and its
+    grouped kernels are slow at these shapes; a gather of the K shifted frames feeding cuBLAS
+    does the same arithmetic at any shape with no planning."""
+    B, G = x.shape[0], conv.groups
+    c_out, c_in_g, K = conv.weight.shape
+    c_out_g = c_out // G
+    xp = F.pad(x, (0, 0, left, right))                                             # [B,Tp,C_in]
+    t_out = xp.shape[1] - K + 1
+    xg = xp.reshape(B, xp.shape[1], G, c_in_g).permute(2, 0, 1, 3)                 # [G,B,Tp,Ci]
+    idx = (torch.arange(t_out, device=x.device).unsqueeze(1)
+           + torch.arange(K, device=x.device).unsqueeze(0)).reshape(-1)           # [T_out*K]
+    cols = torch.index_select(xg, 2, idx).reshape(G, B * t_out, K * c_in_g)        # [G,B*T,K*Ci]
+    # w[g, k*Ci + i, o] = weight[g*Co + o, i, k]; constant-folded into one initializer.
+    w = conv.weight.reshape(G, c_out_g, c_in_g, K).permute(0, 3, 2, 1).reshape(G, K * c_in_g, c_out_g)
+    y = torch.matmul(cols, w).reshape(G, B, t_out, c_out_g).permute(1, 2, 0, 3).reshape(B, t_out, c_out)
+    return y if conv.bias is None else y + conv.bias
+
+
 def use_fused(models, on=True):
-    """Switches the LM and the DiT to the fused operators above (exports); eager runs keep them off."""
+    """Switches the LM and the DiT to the fused operators above, and the flow's convolutions to
+    matrix products (exports); eager runs keep them off."""
     for m in models.modules():
         if hasattr(m, "fused"):
             m.fused = on
@@ -497,8 +521,15 @@ class FlowEncoder(nn.Module):
         # Pre-lookahead block: a token sees the next 3 tokens (right padding), then a causal conv.
         self.lookahead_conv = nn.Conv1d(FLOW_EMBED, LOOKAHEAD_CHANNELS, LOOKAHEAD_TOKENS + 1)
         self.out_conv = nn.Conv1d(LOOKAHEAD_CHANNELS, FLOW_EMBED, 3)
+        self.fused = False
 
     def forward(self, speech_tokens, token_mask):
+        if self.fused:
+            m = token_mask.transpose(1, 2)                                              # [B,N,1]
+            x = self.embed(speech_tokens) * m                                           # [B,N,80]
+            y = F.leaky_relu(conv1d_as_matmul(x, self.lookahead_conv, 0, LOOKAHEAD_TOKENS), 0.01) * m
+            y = ((x + conv1d_as_matmul(y, self.out_conv, 2, 0)) * m).transpose(1, 2)      # [B,80,N]
+            return repeat_frames(y) * repeat_frames(token_mask)
         x = self.embed(speech_tokens).transpose(1, 2) * token_mask                    # [B,80,N]
         y = self.lookahead_conv(F.pad(x, (0, LOOKAHEAD_TOKENS)))
         y = F.leaky_relu(y, 0.01) * token_mask
@@ -534,8 +565,13 @@ class CausalPositionConv(nn.Module):
         super().__init__()
         self.conv1 = nn.Conv1d(DIT_DIM, DIT_DIM, DIT_POS_KERNEL, groups=DIT_POS_GROUPS)
         self.conv2 = nn.Conv1d(DIT_DIM, DIT_DIM, DIT_POS_KERNEL, groups=DIT_POS_GROUPS)
+        self.fused = False
 
     def forward(self, h, frame_mask):
+        if self.fused:
+            x = mish(conv1d_as_matmul(h * frame_mask, self.conv1, DIT_POS_KERNEL - 1, 0))
+            x = mish(conv1d_as_matmul(x, self.conv2, DIT_POS_KERNEL - 1, 0))
+            return x * frame_mask
         x = (h * frame_mask).transpose(1, 2)                                       # [B,D,F]
         x = mish(self.conv1(F.pad(x, (DIT_POS_KERNEL - 1, 0))))
         x = mish(self.conv2(F.pad(x, (DIT_POS_KERNEL - 1, 0))))

@@ -512,6 +512,30 @@ def verify(out_dir, models, device, dtype, provider, cache):
     return chk.failures
 
 
+def check_matmul_convs(models):
+    """The export writes the flow's convolutions as matrix products (cs.conv1d_as_matmul): they
+    must equal nn.Conv1d. Float32 on the CPU, before the modules move; a wrong export stops here."""
+    g = torch.Generator().manual_seed(3)
+    toks = torch.randint(0, cs.SPEECH_VOCAB, (2, 11), generator=g)
+    tmask = torch.ones(2, 1, 11)
+    tmask[1, :, 6:] = 0
+    h = torch.randn(2, 37, cs.DIT_DIM, generator=g)
+    fmask = torch.ones(2, 37, 1)
+    fmask[1, 20:] = 0
+    worst = 0.0
+    with torch.no_grad():
+        for mod, args in ((models.flow_encoder, (toks, tmask)), (models.flow_estimator.pos_conv, (h, fmask))):
+            mod.fused = False
+            want = mod(*args)
+            mod.fused = True
+            got = mod(*args)
+            mod.fused = False
+            worst = max(worst, ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item())
+    if worst > 1e-5:
+        raise SystemExit("flow convolutions as matrix products differ from nn.Conv1d: relative error %.3g" % worst)
+    log("flow convolutions as matrix products equal nn.Conv1d (relative error %.1e)" % worst)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
@@ -540,6 +564,8 @@ def main():
     for name in ("lm", "flow_encoder", "flow_estimator", "vocoder"):
         log("  %-15s %6.1f M parameters" % (name, cs.count_params(getattr(models, name)) / 1e6))
     log("  vocoder receptive field %d frames -> context_tokens %d" % (cs.vocoder_receptive_field_frames(), context_tokens()))
+    if not a.plain:
+        check_matmul_convs(models)
     models = models.to(device=a.device, dtype=dtype)
 
     weights = os.path.join(a.out_dir, "weights.pt")
