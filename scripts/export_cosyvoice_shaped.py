@@ -552,6 +552,9 @@ def main():
                     help="the LM's key/value cache contract (docs/pipeline.md). shared (in place, "
                          "GroupQueryAttention) measured slower in the server on an H100 with ONNX "
                          "Runtime 1.29 (docs/benchmarks/RESULTS.md), so concat is the default")
+    ap.add_argument("--flow-convs", choices=["matmul", "conv"], default="matmul",
+                    help="the flow's convolutions as gather + matrix product (default) or as ONNX Conv "
+                         "(cuDNN; for comparisons)")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
     if a.cache == "shared" and a.plain:
@@ -564,7 +567,7 @@ def main():
     for name in ("lm", "flow_encoder", "flow_estimator", "vocoder"):
         log("  %-15s %6.1f M parameters" % (name, cs.count_params(getattr(models, name)) / 1e6))
     log("  vocoder receptive field %d frames -> context_tokens %d" % (cs.vocoder_receptive_field_frames(), context_tokens()))
-    if not a.plain:
+    if not a.plain and a.flow_convs == "matmul":
         check_matmul_convs(models)
     models = models.to(device=a.device, dtype=dtype)
 
@@ -572,6 +575,9 @@ def main():
     torch.save({"seed": a.seed, "dtype": a.dtype, "state_dict": models.state_dict()}, weights)
     log("wrote %s: %s" % (weights, size_of(weights)))
     cs.use_fused(models, not a.plain)
+    if a.flow_convs == "conv":
+        models.flow_encoder.fused = models.flow_estimator.pos_conv.fused = False
+    log("flow convolutions: %s" % ("ONNX Conv" if a.plain or a.flow_convs == "conv" else "gather + matrix product"))
     log("operators: %s" % ("standard ONNX only" if a.plain else "ONNX Runtime's fused operators"))
     log("LM cache: %s" % a.cache)
     export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain, a.cache)
