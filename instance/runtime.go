@@ -25,6 +25,9 @@ type runtime struct {
 	cudaOpts map[string]string
 	// convSearchSet: provider_options chose cudnn_conv_algo_search, for every session.
 	convSearchSet bool
+	// sdpaSet: provider_options chose sdpa_kernel (ONNX Runtime's attention kernels), for every
+	// session.
+	sdpaSet bool
 	intraOp       int // intra_op_num_threads, 0: ONNX Runtime's default
 	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
 	// vocoder_batches); none: one session takes every shape.
@@ -99,6 +102,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		}
 		r.cudaOpts = o
 		_, r.convSearchSet = rest["cudnn_conv_algo_search"]
+		_, r.sdpaSet = rest["sdpa_kernel"]
 		if !vocSet {
 			// A vocoder fed chunks of every length changes shape on nearly every run.
 			r.vocoderBatches = []int{1, 4, 16}
@@ -164,7 +168,37 @@ func (r *runtime) fixedShapeSession(name, file string, inputs, outputs []string)
 	if r.provider != "cuda" || r.convSearchSet {
 		return r.session(name, file, inputs, outputs)
 	}
-	opts, err := r.sessionOptions(map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"})
+	return r.sessionWith(map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"}, name, file, inputs, outputs)
+}
+
+// efficientAttention is sdpa_kernel's value for ONNX Runtime's memory-efficient attention
+// (AttentionBackend EFFICIENT_ATTENTION) alone, the unfused kernels left as the fallback.
+const efficientAttention = "2"
+
+// flowCUDAOptions are the flow sessions' own CUDA provider options. Left to choose, ONNX Runtime
+// 1.29 ran the DiT's attention, which has a bias, through cuDNN's fused attention: slower at every
+// shape measured, and it builds a cuDNN graph for each new shape, which a server's batches keep
+// bringing (H100, bench stages: flow 32×15 223 → 98 ms fixed, 16×100 388 → 229 ms with a new
+// length every run). provider_options' own sdpa_kernel wins.
+func (r *runtime) flowCUDAOptions() map[string]string {
+	if r.provider != "cuda" || r.sdpaSet {
+		return nil
+	}
+	return map[string]string{"sdpa_kernel": efficientAttention}
+}
+
+// flowSession loads one of the flow's graphs with flowCUDAOptions.
+func (r *runtime) flowSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	o := r.flowCUDAOptions()
+	if o == nil {
+		return r.session(name, file, inputs, outputs)
+	}
+	return r.sessionWith(o, name, file, inputs, outputs)
+}
+
+// sessionWith loads file with the shared options' CUDA provider options replaced by cuda.
+func (r *runtime) sessionWith(cuda map[string]string, name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	opts, err := r.sessionOptions(cuda)
 	if err != nil {
 		return nil, err
 	}

@@ -25,11 +25,11 @@ type flowStage struct {
 }
 
 func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
-	enc, err := rt.session("flow_encoder", m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
+	enc, err := rt.flowSession("flow_encoder", m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
 	if err != nil {
 		return nil, fmt.Errorf("flow encoder: %w", err)
 	}
-	est, err := rt.session("flow_estimator", m.Path(m.Flow.Estimator),
+	est, err := rt.flowSession("flow_estimator", m.Path(m.Flow.Estimator),
 		[]string{m.Tensor("x"), m.Tensor("mask"), m.Tensor("mu"), m.Tensor("t")}, []string{m.Tensor("velocity")})
 	if err != nil {
 		enc.Destroy()
