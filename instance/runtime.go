@@ -28,7 +28,7 @@ type runtime struct {
 	// sdpaSet: provider_options chose sdpa_kernel (ONNX Runtime's attention kernels), for every
 	// session.
 	sdpaSet bool
-	intraOp       int // intra_op_num_threads, 0: ONNX Runtime's default
+	intraOp int // intra_op_num_threads, 0: ONNX Runtime's default
 	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
 	// vocoder_batches); none: one session takes every shape.
 	vocoderBatches []int
