@@ -189,15 +189,15 @@ func (r *runtime) flowCUDAOptions() map[string]string {
 
 // flowSession loads one of the flow's graphs with flowCUDAOptions.
 func (r *runtime) flowSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
-	o := r.flowCUDAOptions()
-	if o == nil {
-		return r.session(name, file, inputs, outputs)
-	}
-	return r.sessionWith(o, name, file, inputs, outputs)
+	return r.sessionWith(r.flowCUDAOptions(), name, file, inputs, outputs)
 }
 
-// sessionWith loads file with the shared options' CUDA provider options replaced by cuda.
+// sessionWith loads file with the shared options' CUDA provider options replaced by cuda; with
+// none, it uses the shared options.
 func (r *runtime) sessionWith(cuda map[string]string, name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+	if len(cuda) == 0 {
+		return r.session(name, file, inputs, outputs)
+	}
 	opts, err := r.sessionOptions(cuda)
 	if err != nil {
 		return nil, err
