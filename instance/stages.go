@@ -91,6 +91,8 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 		if cfg > 0 {
 			xin = append(append(make([]float32, 0, 2*len(x)), x...), x...)
 		}
+		// Every item at the same step: one time for the whole call (docs/pipeline.md lets a graph
+		// rely on it).
 		t := make([]float32, BB)
 		for i := range t {
 			t[i] = float32(step) * dt

@@ -594,6 +594,24 @@ class DiTBlock(nn.Module):
         self.sdpa = False
         self.fused = False
 
+    def forward_shared_time(self, x, temb, rope, key_bias):
+        """The fused block for a batch whose items share one flow time, temb [1,D]: the AdaLN
+        modulation becomes LayerNormalization's scale and bias, and each gate scales its output
+        projection's weights, so no element-wise pass over [B,F,D] is spent on either."""
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(temb[0]).chunk(6)
+        D = (DIT_DIM,)
+        n1, n2 = self.norm1, self.norm2
+        h = F.layer_norm(x, D, n1.weight * (1 + scale1), n1.bias * (1 + scale1) + shift1, n1.eps)
+        pos, cos_cache, sin_cache = rope
+        q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)
+        q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
+        k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)
+        ctx = AttentionOp.apply(q, k, v, key_bias, DIT_HEADS)
+        x = x + F.linear(ctx, self.to_out.weight * gate1.unsqueeze(1), self.to_out.bias * gate1)
+        h = F.layer_norm(x, D, n2.weight * (1 + scale2), n2.bias * (1 + scale2) + shift2, n2.eps)
+        ff = FastGeluOp.apply(self.ff_in(h))
+        return x + F.linear(ff, self.ff_out.weight * gate2.unsqueeze(1), self.ff_out.bias * gate2)
+
     def forward(self, x, temb, rope, key_bias):
         """rope is (cos, sin) [1,1,F,64], or with fused operators (position offset, cos_cache,
         sin_cache); key_bias is [B,1,1,F], or [B,1,F,F] with fused operators."""
@@ -639,9 +657,14 @@ class FlowEstimator(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.fused = False
+        # With fused operators: take the flow time of the batch's first item for all of them.
+        # voxmux steps every item of a run together (the same t), and one time lets the AdaLN
+        # modulation fold into the layer norms (DiTBlock.forward_shared_time).
+        self.shared_time = False
 
     def forward(self, x, mask, mu, t):
-        temb = F.silu(self.time_embed(t, x.dtype))                                  # [B,D]
+        shared = self.fused and self.shared_time
+        temb = F.silu(self.time_embed(t[:1] if shared else t, x.dtype))            # [B|1,D]
         frame_mask = mask.transpose(1, 2)                                           # [B,F,1]
         h = self.proj_in(torch.cat((x, mu), dim=1).transpose(1, 2)) * frame_mask    # [B,F,D]
         h = h + self.pos_conv(h, frame_mask)
@@ -653,6 +676,13 @@ class FlowEstimator(nn.Module):
             frames = torch.arange(x.shape[2], device=x.device).unsqueeze(0)         # [1,F]
             rope = rope_cos_sin(frames, DIT_HEAD_DIM, 10000.0, x.dtype)
             key_bias = ((mask.to(torch.float32) - 1.0) * MASKED).unsqueeze(1)       # [B,1,1,F]
+        if shared:
+            for block in self.blocks:
+                h = block.forward_shared_time(h, temb, rope, key_bias)
+            shift, scale = self.final_modulation(temb[0]).chunk(2)
+            n = self.norm_out
+            h = F.layer_norm(h, (DIT_DIM,), n.weight * (1 + scale), n.bias * (1 + scale) + shift, n.eps)
+            return self.proj_out(h).transpose(1, 2) * mask
         for block in self.blocks:
             h = block(h, temb, rope, key_bias)
         shift, scale = self.final_modulation(temb).unsqueeze(1).chunk(2, dim=-1)

@@ -540,6 +540,27 @@ def check_matmul_convs(models):
     log("flow convolutions as matrix products equal nn.Conv1d (relative error %.1e)" % worst)
 
 
+def check_shared_time(est):
+    """With one flow time for the batch, the fused estimator (modulation folded into the layer
+    norms, gates into the output projections) must equal the plain one. Float32 on the CPU."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, cs.MEL_BINS, 24, generator=g)
+    mu = torch.randn(2, cs.MEL_BINS, 24, generator=g)
+    mask = torch.ones(2, 1, 24)
+    mask[1, :, 16:] = 0
+    t = torch.tensor([0.3, 0.3])
+    with torch.no_grad():
+        want = est(x, mask, mu, t)
+        cs.use_fused(est, True)
+        est.shared_time = True
+        got = est(x, mask, mu, t)
+        cs.use_fused(est, False)
+    err = ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+    if err > 1e-4:
+        raise SystemExit("flow estimator with a shared flow time differs from the plain one: relative error %.3g" % err)
+    log("flow estimator with a shared flow time equals the plain one (relative error %.1e)" % err)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out_dir")
@@ -559,6 +580,10 @@ def main():
     ap.add_argument("--flow-convs", choices=["matmul", "conv"], default="matmul",
                     help="the flow's convolutions as gather + matrix product (default) or as ONNX Conv "
                          "(cuDNN; for comparisons)")
+    ap.add_argument("--flow-time", choices=["shared", "per-item"], default="shared",
+                    help="the flow estimator takes the first item's flow time for the whole batch, as "
+                         "voxmux runs it, so the AdaLN modulation folds into the layer norms (default), "
+                         "or one per item (for comparisons)")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
     if a.cache == "shared" and a.plain:
@@ -573,12 +598,15 @@ def main():
     log("  vocoder receptive field %d frames -> context_tokens %d" % (cs.vocoder_receptive_field_frames(), context_tokens()))
     if not a.plain and a.flow_convs == "matmul":
         check_matmul_convs(models)
+    if not a.plain and a.flow_time == "shared":
+        check_shared_time(models.flow_estimator)
     models = models.to(device=a.device, dtype=dtype)
 
     weights = os.path.join(a.out_dir, "weights.pt")
     torch.save({"seed": a.seed, "dtype": a.dtype, "state_dict": models.state_dict()}, weights)
     log("wrote %s: %s" % (weights, size_of(weights)))
     cs.use_fused(models, not a.plain)
+    models.flow_estimator.shared_time = a.flow_time == "shared"
     if a.flow_convs == "conv":
         models.flow_encoder.fused = models.flow_estimator.pos_conv.fused = False
     log("flow convolutions: %s" % ("ONNX Conv" if a.plain or a.flow_convs == "conv" else "gather + matrix product"))
