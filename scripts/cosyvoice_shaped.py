@@ -578,6 +578,17 @@ class CausalPositionConv(nn.Module):
         return x.transpose(1, 2) * frame_mask
 
 
+def modulated_layer_norm(norm, x, shift, scale):
+    """norm(x) * (1 + scale) + shift as one LayerNormalization, for shift and scale [D] shared
+    by every row of x."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight * (1 + scale), norm.bias * (1 + scale) + shift, norm.eps)
+
+
+def gated_linear(linear, x, gate):
+    """gate * linear(x) with the gate [D_out] folded into the weights and bias."""
+    return F.linear(x, linear.weight * gate.unsqueeze(1), linear.bias * gate)
+
+
 class DiTBlock(nn.Module):
     def __init__(self):
         super().__init__()
@@ -594,23 +605,24 @@ class DiTBlock(nn.Module):
         self.sdpa = False
         self.fused = False
 
+    def attend_fused(self, h, rope, key_bias):
+        """Self-attention of h [B,F,D] through the fused operators; rope is (position offset,
+        cos_cache, sin_cache). Returns the context before the output projection."""
+        pos, cos_cache, sin_cache = rope
+        q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)                             # [B,F,1024]
+        q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
+        k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)
+        return AttentionOp.apply(q, k, v, key_bias, DIT_HEADS)
+
     def forward_shared_time(self, x, temb, rope, key_bias):
         """The fused block for a batch whose items share one flow time, temb [1,D]: the AdaLN
         modulation becomes LayerNormalization's scale and bias, and each gate scales its output
         projection's weights, so no element-wise pass over [B,F,D] is spent on either."""
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(temb[0]).chunk(6)
-        D = (DIT_DIM,)
-        n1, n2 = self.norm1, self.norm2
-        h = F.layer_norm(x, D, n1.weight * (1 + scale1), n1.bias * (1 + scale1) + shift1, n1.eps)
-        pos, cos_cache, sin_cache = rope
-        q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)
-        q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
-        k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)
-        ctx = AttentionOp.apply(q, k, v, key_bias, DIT_HEADS)
-        x = x + F.linear(ctx, self.to_out.weight * gate1.unsqueeze(1), self.to_out.bias * gate1)
-        h = F.layer_norm(x, D, n2.weight * (1 + scale2), n2.bias * (1 + scale2) + shift2, n2.eps)
-        ff = FastGeluOp.apply(self.ff_in(h))
-        return x + F.linear(ff, self.ff_out.weight * gate2.unsqueeze(1), self.ff_out.bias * gate2)
+        h = modulated_layer_norm(self.norm1, x, shift1, scale1)
+        x = x + gated_linear(self.to_out, self.attend_fused(h, rope, key_bias), gate1)
+        h = modulated_layer_norm(self.norm2, x, shift2, scale2)
+        return x + gated_linear(self.ff_out, FastGeluOp.apply(self.ff_in(h)), gate2)
 
     def forward(self, x, temb, rope, key_bias):
         """rope is (cos, sin) [1,1,F,64], or with fused operators (position offset, cos_cache,
@@ -618,11 +630,7 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(temb).unsqueeze(1).chunk(6, dim=-1)
         h = self.norm1(x) * (1 + scale1) + shift1
         if self.fused:
-            pos, cos_cache, sin_cache = rope
-            q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)                         # [B,F,1024]
-            q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
-            k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)
-            x = x + gate1 * self.to_out(AttentionOp.apply(q, k, v, key_bias, DIT_HEADS))
+            x = x + gate1 * self.to_out(self.attend_fused(h, rope, key_bias))
             h = self.norm2(x) * (1 + scale2) + shift2
             return x + gate2 * self.ff_out(FastGeluOp.apply(self.ff_in(h)))
         cos, sin = rope
@@ -680,9 +688,7 @@ class FlowEstimator(nn.Module):
             for block in self.blocks:
                 h = block.forward_shared_time(h, temb, rope, key_bias)
             shift, scale = self.final_modulation(temb[0]).chunk(2)
-            n = self.norm_out
-            h = F.layer_norm(h, (DIT_DIM,), n.weight * (1 + scale), n.bias * (1 + scale) + shift, n.eps)
-            return self.proj_out(h).transpose(1, 2) * mask
+            return self.proj_out(modulated_layer_norm(self.norm_out, h, shift, scale)).transpose(1, 2) * mask
         for block in self.blocks:
             h = block(h, temb, rope, key_bias)
         shift, scale = self.final_modulation(temb).unsqueeze(1).chunk(2, dim=-1)

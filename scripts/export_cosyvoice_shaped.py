@@ -516,6 +516,11 @@ def verify(out_dir, models, device, dtype, provider, cache):
     return chk.failures
 
 
+def relative_error(got, want):
+    """Largest absolute difference over the largest magnitude of want."""
+    return ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+
+
 def check_matmul_convs(models):
     """The export writes the flow's convolutions as matrix products (cs.conv1d_as_matmul): they
     must equal nn.Conv1d. Float32 on the CPU, before the modules move; a wrong export stops here."""
@@ -534,7 +539,7 @@ def check_matmul_convs(models):
             mod.fused = True
             got = mod(*args)
             mod.fused = False
-            worst = max(worst, ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item())
+            worst = max(worst, relative_error(got, want))
     if worst > 1e-5:
         raise SystemExit("flow convolutions as matrix products differ from nn.Conv1d: relative error %.3g" % worst)
     log("flow convolutions as matrix products equal nn.Conv1d (relative error %.1e)" % worst)
@@ -555,7 +560,7 @@ def check_shared_time(est):
         est.shared_time = True
         got = est(x, mask, mu, t)
         cs.use_fused(est, False)
-    err = ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
+    err = relative_error(got, want)
     if err > 1e-4:
         raise SystemExit("flow estimator with a shared flow time differs from the plain one: relative error %.3g" % err)
     log("flow estimator with a shared flow time equals the plain one (relative error %.1e)" % err)
