@@ -175,17 +175,63 @@ class AttentionOp(torch.autograd.Function):
 
 
 class FastGeluOp(torch.autograd.Function):
-    """tanh-approximated GELU; exported as com.microsoft FastGelu."""
+    """tanh-approximated GELU of x (+ bias [D], added in the same kernel); exported as
+    com.microsoft FastGelu."""
 
     @staticmethod
-    def forward(ctx, x):
-        return F.gelu(x, approximate="tanh")
+    def forward(ctx, x, bias=None):
+        return F.gelu(x if bias is None else x + bias, approximate="tanh")
 
     @staticmethod
-    def symbolic(g, x):
-        y = g.op(MS_DOMAIN + "::FastGelu", x)
+    def symbolic(g, x, bias=None):
+        y = g.op(MS_DOMAIN + "::FastGelu", x) if bias is None else g.op(MS_DOMAIN + "::FastGelu", x, bias)
         y.setType(x.type())
         return y
+
+
+class SkipLayerNormOp(torch.autograd.Function):
+    """A residual step and the norm after it in one kernel: s = x + skip + bias, returns
+    (layer_norm(s) * gamma + beta, s); gamma, beta and bias [D]. Exported as com.microsoft
+    SkipLayerNormalization (outputs 1 and 2, statistics the CUDA kernel does not write, are left
+    out by fix_norm_outputs)."""
+
+    @staticmethod
+    def forward(ctx, x, skip, gamma, beta, bias, eps):
+        s = x + skip + bias
+        return F.layer_norm(s, (s.shape[-1],), gamma, beta, eps), s
+
+    @staticmethod
+    def symbolic(g, x, skip, gamma, beta, bias, eps):
+        y, _, _, s = g.op(MS_DOMAIN + "::SkipLayerNormalization", x, skip, gamma, beta, bias,
+                          epsilon_f=eps, outputs=4)
+        y.setType(x.type())
+        s.setType(x.type())
+        return y, s
+
+
+class SkipRMSNormOp(torch.autograd.Function):
+    """The same for RMSNorm: s = x + skip, returns (rms_norm(s) * weight, s), statistics in
+    float32. Exported as com.microsoft SkipSimplifiedLayerNormalization."""
+
+    @staticmethod
+    def forward(ctx, x, skip, weight, eps):
+        s = x + skip
+        return rms_norm(s, weight, eps), s
+
+    @staticmethod
+    def symbolic(g, x, skip, weight, eps):
+        y, _, _, s = g.op(MS_DOMAIN + "::SkipSimplifiedLayerNormalization", x, skip, weight,
+                          epsilon_f=eps, outputs=4)
+        y.setType(x.type())
+        s.setType(x.type())
+        return y, s
+
+
+def rms_norm(x, weight, eps):
+    """RMSNorm with its statistics in float32."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 class RMSNormOp(torch.autograd.Function):
@@ -194,9 +240,7 @@ class RMSNormOp(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, eps):
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * h.to(x.dtype)
+        return rms_norm(x, weight, eps)
 
     @staticmethod
     def symbolic(g, x, weight, eps):
@@ -243,6 +287,25 @@ class GroupQueryAttentionOp(torch.autograd.Function):
         pk.setType(past_k.type())
         pv.setType(past_v.type())
         return out, pk, pv
+
+
+SKIP_NORMS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
+
+
+def fix_norm_outputs(model):
+    """Leaves out the mean and inverse deviation of the skip norms (outputs 1 and 2): nothing
+    reads them and ONNX Runtime's CUDA kernels do not write them."""
+    dropped = set()
+    for node in model.graph.node:
+        if node.domain == MS_DOMAIN and node.op_type in SKIP_NORMS:
+            for i in (1, 2):
+                if i < len(node.output) and node.output[i]:
+                    dropped.add(node.output[i])
+                    node.output[i] = ""
+    keep = [v for v in model.graph.value_info if v.name not in dropped]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    return len(dropped)
 
 
 def fix_attention_inputs(model):
@@ -303,9 +366,7 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         if self.fused:
             return RMSNormOp.apply(x, self.weight, self.eps)
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class LMAttention(nn.Module):
@@ -393,25 +454,48 @@ class LMLayer(nn.Module):
         h = h + a
         x = self.post_attention_layernorm(h)
         if self.fused:
-            # gate and up in one product
-            g, u = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
-            return h + self.down_proj(F.silu(g) * u), k, v
+            return h + self.mlp_fused(x), k, v
         h = h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return h, k, v
 
-    def forward_shared(self, h, seqlens_k, total_len, cos_cache, sin_cache, past_k, past_v):
-        """The fused layer over a shared cache (GroupQueryAttentionOp)."""
+    def mlp_fused(self, x):
+        """gate and up in one product, split at a constant offset."""
+        g, u = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).split(LM_MLP, dim=-1)
+        return self.down_proj(F.silu(g) * u)
+
+    def attend_shared(self, x, seqlens_k, total_len, cos_cache, sin_cache, past_k, past_v):
+        """Attention of the normed x over a shared cache (GroupQueryAttentionOp), with the output
+        projection."""
         at = self.self_attn
         QD, KD = LM_Q_HEADS * LM_HEAD_DIM, LM_KV_HEADS * LM_HEAD_DIM
         w = torch.cat((at.q_proj.weight, at.k_proj.weight, at.v_proj.weight))
         b = torch.cat((at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
-        q, k, v = F.linear(self.input_layernorm(h), w, b).split([QD, KD, KD], dim=-1)
+        q, k, v = F.linear(x, w, b).split([QD, KD, KD], dim=-1)
         ctx, pk, pv = GroupQueryAttentionOp.apply(q, k, v, past_k, past_v, seqlens_k, total_len,
                                                   cos_cache, sin_cache)
-        h = h + at.o_proj(ctx)
-        x = self.post_attention_layernorm(h)
-        g, u = F.linear(x, torch.cat((self.gate_proj.weight, self.up_proj.weight))).chunk(2, dim=-1)
-        return h + self.down_proj(F.silu(g) * u), pk, pv
+        return at.o_proj(ctx), pk, pv
+
+    def forward_shared(self, h, seqlens_k, total_len, cos_cache, sin_cache, past_k, past_v):
+        """The fused layer over a shared cache (GroupQueryAttentionOp)."""
+        a, pk, pv = self.attend_shared(self.input_layernorm(h), seqlens_k, total_len, cos_cache,
+                                       sin_cache, past_k, past_v)
+        h = h + a
+        return h + self.mlp_fused(self.post_attention_layernorm(h)), pk, pv
+
+
+def skip_norm_layers(layers, final_norm, h, attend):
+    """The decoder layers with every residual add fused into the RMSNorm after it
+    (SkipRMSNormOp): returns the final norm's output and the caches. attend(i, layer, x) gives
+    layer i's attention output (projected) and its caches for the normed x."""
+    x = RMSNormOp.apply(h, layers[0].input_layernorm.weight, LM_RMS_EPS)
+    presents = []
+    for i, layer in enumerate(layers):
+        a, k, v = attend(i, layer, x)
+        presents += [k, v]
+        x, h = SkipRMSNormOp.apply(a, h, layer.post_attention_layernorm.weight, LM_RMS_EPS)
+        after = layers[i + 1].input_layernorm if i + 1 < len(layers) else final_norm
+        x, h = SkipRMSNormOp.apply(layer.mlp_fused(x), h, after.weight, LM_RMS_EPS)
+    return x, presents
 
 
 def lm_attention_bias(attention_mask, past_len, new_len):
@@ -444,6 +528,8 @@ class SpeechLM(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.fused = False
+        # With fused operators: residual adds fused into the norms (skip_norm_layers).
+        self.skip_norms = False
 
     def forward(self, input_ids, position_ids, attention_mask, *past):
         h = self.embed_tokens(input_ids)
@@ -453,6 +539,11 @@ class SpeechLM(nn.Module):
             bias = ((bias / MASKED) * MASKED_FUSED).to(h.dtype)
         else:
             rope = rope_cos_sin(position_ids, LM_HEAD_DIM, LM_ROPE_THETA, h.dtype)
+        if self.fused and self.skip_norms:
+            x, presents = skip_norm_layers(
+                self.layers, self.norm, h,
+                lambda i, layer, x: layer.self_attn(x, rope, bias, past[2 * i], past[2 * i + 1]))
+            return (self.lm_head(x).to(torch.float32), *presents)
         presents = []
         for i, layer in enumerate(self.layers):
             h, k, v = layer(h, rope, bias, past[2 * i], past[2 * i + 1])
@@ -475,6 +566,12 @@ class SharedCacheLM(nn.Module):
         lm = self.lm
         h = lm.embed_tokens(input_ids)
         cos, sin = lm.rope_cos.to(h.dtype), lm.rope_sin.to(h.dtype)
+        if lm.skip_norms:
+            x, presents = skip_norm_layers(
+                lm.layers, lm.norm, h,
+                lambda i, layer, x: layer.attend_shared(x, seqlens_k, total_len, cos, sin,
+                                                        past[2 * i], past[2 * i + 1]))
+            return (lm.lm_head(x).to(torch.float32), *presents)
         presents = []
         for i, layer in enumerate(lm.layers):
             h, k, v = layer.forward_shared(h, seqlens_k, total_len, cos, sin, past[2 * i], past[2 * i + 1])
@@ -669,6 +766,47 @@ class FlowEstimator(nn.Module):
         # voxmux steps every item of a run together (the same t), and one time lets the AdaLN
         # modulation fold into the layer norms (DiTBlock.forward_shared_time).
         self.shared_time = False
+        # With a shared time as well: residual adds fused into the norms (blocks_skip_norms).
+        self.skip_norms = False
+
+    def blocks_skip_norms(self, h, temb, rope, key_bias):
+        """The blocks for a batch with one flow time, temb [D], in the fewest kernels ONNX
+        Runtime offers: every block's modulation comes from one product up front, and one split
+        hands out its norm scales and shifts, projection biases and gates; each residual add runs
+        with the bias of the projection before it and the norm after it as one
+        SkipLayerNormOp; ff_in's bias goes into FastGelu; the gates scale the output projections'
+        weights. Returns the final norm's output. No kernel is spent on [D]-sized vectors per
+        block, and ONNX Runtime has no shape arithmetic to do."""
+        n, D = len(self.blocks), DIT_DIM
+        mod = F.linear(temb, torch.cat([b.modulation.weight for b in self.blocks]),
+                       torch.cat([b.modulation.bias for b in self.blocks])).reshape(n, 6, D)
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)               # [n,D] each
+
+        def stack(f):
+            return torch.stack([f(b) for b in self.blocks])                         # [n,D]
+        vecs = torch.cat((
+            stack(lambda b: b.norm1.weight) * (1 + scale1),
+            stack(lambda b: b.norm1.bias) * (1 + scale1) + shift1,
+            stack(lambda b: b.norm2.weight) * (1 + scale2),
+            stack(lambda b: b.norm2.bias) * (1 + scale2) + shift2,
+            stack(lambda b: b.to_out.bias) * gate1,
+            stack(lambda b: b.ff_out.bias) * gate2,
+            gate1, gate2), dim=1).reshape(-1).split(D)                              # n*8 of [D]
+        gamma1, beta1, gamma2, beta2, out_bias, ff_bias, g1, g2 = (vecs[k::8] for k in range(8))
+        shift, scale = self.final_modulation(temb).split(D)
+        gamma1 = list(gamma1) + [self.norm_out.weight * (1 + scale)]
+        beta1 = list(beta1) + [self.norm_out.bias * (1 + scale) + shift]
+        eps = [b.norm1.eps for b in self.blocks] + [self.norm_out.eps]
+
+        x = h
+        h = F.layer_norm(x, (D,), gamma1[0], beta1[0], eps[0])
+        for i, b in enumerate(self.blocks):
+            a = torch.matmul(b.attend_fused(h, rope, key_bias), b.to_out.weight.t() * g1[i])
+            h, x = SkipLayerNormOp.apply(a, x, gamma2[i], beta2[i], out_bias[i], b.norm2.eps)
+            f = FastGeluOp.apply(torch.matmul(h, b.ff_in.weight.t()), b.ff_in.bias)
+            y = torch.matmul(f, b.ff_out.weight.t() * g2[i])
+            h, x = SkipLayerNormOp.apply(y, x, gamma1[i + 1], beta1[i + 1], ff_bias[i], eps[i + 1])
+        return h
 
     def forward(self, x, mask, mu, t):
         shared = self.fused and self.shared_time
@@ -684,6 +822,8 @@ class FlowEstimator(nn.Module):
             frames = torch.arange(x.shape[2], device=x.device).unsqueeze(0)         # [1,F]
             rope = rope_cos_sin(frames, DIT_HEAD_DIM, 10000.0, x.dtype)
             key_bias = ((mask.to(torch.float32) - 1.0) * MASKED).unsqueeze(1)       # [B,1,1,F]
+        if shared and self.skip_norms:
+            return self.proj_out(self.blocks_skip_norms(h, temb[0], rope, key_bias)).transpose(1, 2) * mask
         if shared:
             for block in self.blocks:
                 h = block.forward_shared_time(h, temb, rope, key_bias)

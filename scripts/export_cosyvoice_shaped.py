@@ -149,7 +149,7 @@ def export_graph(module, args, path, inputs, outputs, dynamic_axes, opset, fused
     if fused:
         import onnx
         model = onnx.load(path)
-        if cs.fix_attention_inputs(model):
+        if cs.fix_attention_inputs(model) + cs.fix_norm_outputs(model):
             onnx.save(model, path)
 
 
@@ -545,9 +545,10 @@ def check_matmul_convs(models):
     log("flow convolutions as matrix products equal nn.Conv1d (relative error %.1e)" % worst)
 
 
-def check_shared_time(est):
+def check_shared_time(est, skip_norms):
     """With one flow time for the batch, the fused estimator (modulation folded into the layer
-    norms, gates into the output projections) must equal the plain one. Float32 on the CPU."""
+    norms, gates into the output projections; with skip_norms, residual adds fused into the norms
+    as well) must equal the plain one. Float32 on the CPU."""
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, cs.MEL_BINS, 24, generator=g)
     mu = torch.randn(2, cs.MEL_BINS, 24, generator=g)
@@ -557,13 +558,37 @@ def check_shared_time(est):
     with torch.no_grad():
         want = est(x, mask, mu, t)
         cs.use_fused(est, True)
-        est.shared_time = True
+        est.shared_time, est.skip_norms = True, skip_norms
         got = est(x, mask, mu, t)
         cs.use_fused(est, False)
+        est.shared_time = est.skip_norms = False
     err = relative_error(got, want)
     if err > 1e-4:
         raise SystemExit("flow estimator with a shared flow time differs from the plain one: relative error %.3g" % err)
     log("flow estimator with a shared flow time equals the plain one (relative error %.1e)" % err)
+
+
+def check_skip_norms_lm(lm):
+    """The LM with its residual adds fused into the norms (concat cache) must equal the plain
+    one: logits and caches. Float32 on the CPU."""
+    g = torch.Generator().manual_seed(5)
+    B, T, P = 2, 4, 3
+    ids = torch.randint(0, cs.LM_VOCAB, (B, T), generator=g)
+    pos = (P + torch.arange(T)).unsqueeze(0).expand(B, T)
+    mask = torch.ones(B, P + T, dtype=torch.int64)
+    mask[1, 0] = 0
+    past = [torch.randn(B, cs.LM_KV_HEADS, P, cs.LM_HEAD_DIM, generator=g) for _ in range(2 * cs.LM_LAYERS)]
+    with torch.no_grad():
+        want = lm(ids, pos, mask, *past)
+        cs.use_fused(lm, True)
+        lm.skip_norms = True
+        got = lm(ids, pos, mask, *past)
+        cs.use_fused(lm, False)
+        lm.skip_norms = False
+    err = max(relative_error(a, b) for a, b in zip(got, want))
+    if err > 1e-4:
+        raise SystemExit("LM with residual adds fused into the norms differs from the plain one: relative error %.3g" % err)
+    log("LM with residual adds fused into the norms equals the plain one (relative error %.1e)" % err)
 
 
 def main():
@@ -589,6 +614,11 @@ def main():
                     help="the flow estimator takes the first item's flow time for the whole batch, as "
                          "voxmux runs it, so the AdaLN modulation folds into the layer norms (default), "
                          "or one per item (for comparisons)")
+    ap.add_argument("--norms", choices=["skip", "separate"], default="skip",
+                    help="each residual add fused into the norm after it, with the projection bias "
+                         "before it (ONNX Runtime's SkipLayerNormalization and "
+                         "SkipSimplifiedLayerNormalization; default), or add and norm as separate "
+                         "nodes (for comparisons). The flow's fusion needs --flow-time shared")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
     if a.cache == "shared" and a.plain:
@@ -603,8 +633,11 @@ def main():
     log("  vocoder receptive field %d frames -> context_tokens %d" % (cs.vocoder_receptive_field_frames(), context_tokens()))
     if not a.plain and a.flow_convs == "matmul":
         check_matmul_convs(models)
+    skip_norms = not a.plain and a.norms == "skip"
     if not a.plain and a.flow_time == "shared":
-        check_shared_time(models.flow_estimator)
+        check_shared_time(models.flow_estimator, skip_norms)
+    if skip_norms:
+        check_skip_norms_lm(models.lm)
     models = models.to(device=a.device, dtype=dtype)
 
     weights = os.path.join(a.out_dir, "weights.pt")
@@ -612,11 +645,13 @@ def main():
     log("wrote %s: %s" % (weights, size_of(weights)))
     cs.use_fused(models, not a.plain)
     models.flow_estimator.shared_time = a.flow_time == "shared"
+    models.flow_estimator.skip_norms = models.lm.skip_norms = skip_norms
     if a.flow_convs == "conv":
         models.flow_encoder.fused = models.flow_estimator.pos_conv.fused = False
     log("flow convolutions: %s" % ("ONNX Conv" if a.plain or a.flow_convs == "conv" else "gather + matrix product"))
     log("operators: %s" % ("standard ONNX only" if a.plain else "ONNX Runtime's fused operators"))
     log("LM cache: %s" % a.cache)
+    log("residual adds: %s" % ("fused into the norms" if skip_norms else "separate nodes"))
     export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain, a.cache)
     log("wrote %s" % write_manifest(a.out_dir, a.dtype, a.cache))
 
