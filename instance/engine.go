@@ -52,9 +52,14 @@ type stageCounter struct {
 
 // count records one run of stage that carried items and began at since.
 func (e *Engine) count(stage, items int, since time.Time) {
+	e.countFor(stage, items, time.Since(since))
+}
+
+// countFor records one run of stage that carried items and kept it busy for d.
+func (e *Engine) countFor(stage, items int, d time.Duration) {
 	e.stats[stage].batches.Add(1)
 	e.stats[stage].items.Add(uint64(items))
-	e.stats[stage].busy.Add(int64(time.Since(since)))
+	e.stats[stage].busy.Add(int64(d))
 }
 
 // Stats counts each stage's batches and the items they carried since the engine started.
@@ -68,12 +73,15 @@ func (e *Engine) Stats() []StageStats {
 }
 
 // NewEngine starts the engine's loops over p.
-func NewEngine(p *Pipeline) *Engine {
+func NewEngine(p *Pipeline) *Engine { return newEngine(p, 8192, 16384) }
+
+// newEngine is NewEngine with the flow's and the vocoder's frame budgets per batch.
+func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
 	e := &Engine{
 		p:          p,
 		arrivals:   make(chan *stream),
-		flowFrames: 8192,
-		vocFrames:  16384,
+		flowFrames: flowFrames,
+		vocFrames:  vocFrames,
 		spread:     1.3,
 		flowQ:      newQueue[*flowItem](),
 		vocQ:       newQueue[*vocItem](),
@@ -376,54 +384,209 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 	s.chunk++
 }
 
+// flowRun is a batch of chunks in the flow, and the flow time spent on it so far.
+type flowRun struct {
+	items []*flowItem
+	b     *flowBatch
+	busy  time.Duration
+}
+
+// flowLanes decides which flow batch starts and which one takes the next Euler step. Up to two
+// batches are under way: when first chunks arrive while a batch of later chunks (bulk) runs, a
+// batch of them (urgent) starts at once and takes every step until it is done, so a new stream's
+// first audio waits for one Euler step of the batch before it, not for the whole of that batch.
+// So that a steady flow of new requests cannot starve the later chunks of running ones, urgent
+// batches get at most half of the flow's time while a bulk batch is under way. A stream's chunks
+// stay in order: none joins a batch while another of its chunks is in one.
+type flowLanes struct {
+	urgent, bulk *flowRun
+	// Time spent on urgent batches and on the bulk batch since the bulk batch began.
+	urgentTime, bulkTime time.Duration
+	busy                 map[*stream]bool // streams with a chunk in a batch under way
+	budget               int              // frames per batch
+	spread               float64          // see takeBatch
+	framesPerToken       int
+}
+
+func newFlowLanes(budget int, spread float64, framesPerToken int) *flowLanes {
+	return &flowLanes{busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken}
+}
+
+func (l *flowLanes) idle() bool { return l.urgent == nil && l.bulk == nil }
+
+// admit returns the batch to start now, if any, and the items left waiting, in order.
+func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem) {
+	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
+	switch {
+	case len(items) == 0 || l.urgent != nil || (l.bulk != nil && l.urgentTime > l.bulkTime):
+		return nil, items
+	case l.bulk == nil:
+		return takeBatch(items, l.budget, l.spread, l.busy, info)
+	}
+	// Only first chunks may overtake the batch under way.
+	var first, later []*flowItem
+	for _, it := range items {
+		if it.first {
+			first = append(first, it)
+		} else {
+			later = append(later, it)
+		}
+	}
+	take, first = takeBatch(first, l.budget, l.spread, l.busy, info)
+	return take, append(first, later...)
+}
+
+// add puts a started batch in its lane: urgent if it leads with a first chunk.
+func (l *flowLanes) add(r *flowRun) {
+	for _, it := range r.items {
+		l.busy[it.s] = true
+	}
+	if r.items[0].first {
+		l.urgent = r
+		l.urgentTime += r.busy
+		return
+	}
+	l.bulk = r
+	l.urgentTime, l.bulkTime = 0, r.busy
+}
+
+// next is the batch to advance: the urgent one while there is one.
+func (l *flowLanes) next() *flowRun {
+	if l.urgent != nil {
+		return l.urgent
+	}
+	return l.bulk
+}
+
+// ran records d spent on r.
+func (l *flowLanes) ran(r *flowRun, d time.Duration) {
+	r.busy += d
+	if r == l.urgent {
+		l.urgentTime += d
+	} else {
+		l.bulkTime += d
+	}
+}
+
+// remove takes a finished batch out of its lane.
+func (l *flowLanes) remove(r *flowRun) {
+	for _, it := range r.items {
+		delete(l.busy, it.s)
+	}
+	if r == l.urgent {
+		l.urgent = nil
+	}
+	if r == l.bulk {
+		l.bulk = nil
+	}
+}
+
+// flowLoop turns chunks into mel, one Euler step of one batch per turn (flowLanes picks which).
 func (e *Engine) flowLoop() {
 	defer e.wg.Done()
-	m := e.p.m
-	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	lanes := newFlowLanes(e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken)
+	end := func(r *flowRun, err error) {
+		lanes.remove(r)
+		e.countFor(stageFlow, len(r.items), r.busy)
+		e.flowDone(r, err)
+	}
+	defer func() {
+		for _, r := range []*flowRun{lanes.urgent, lanes.bulk} {
+			if r != nil {
+				end(r, errors.New("engine is shut down"))
+			}
+		}
+	}()
 	for {
-		items, ok := e.flowQ.popAll()
+		var items []*flowItem
+		ok := true
+		if lanes.idle() {
+			items, ok = e.flowQ.popAll()
+		} else {
+			items, ok = e.flowQ.tryPopAll()
+		}
 		if !ok {
 			return
 		}
-		items = liveItems(items, func(it *flowItem) *stream { return it.s })
-		items, rest := takeBatch(items, e.flowFrames, e.spread, func(it *flowItem) (int, bool, *stream) {
-			return len(it.tokens) * R, it.first, it.s
-		})
+		take, rest := lanes.admit(liveItems(items, func(it *flowItem) *stream { return it.s }))
 		e.flowQ.pushFront(rest)
-		if len(items) == 0 {
+		if len(take) > 0 {
+			if r := e.startFlow(take); r.b != nil {
+				lanes.add(r)
+			} else {
+				e.countFor(stageFlow, len(r.items), r.busy) // the encoder failed; the streams are finished
+			}
+		}
+		r := lanes.next()
+		if r == nil {
 			continue
 		}
-		jobs := make([]flowJob, len(items))
-		for i, it := range items {
-			f0 := it.firstToken * R
-			jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
-		}
 		t0 := time.Now()
-		mels, err := e.p.flow.run(jobs)
-		e.count(stageFlow, len(jobs), t0)
-		for i, it := range items {
-			if err != nil {
-				it.s.finish(err)
-				continue
-			}
-			all := len(it.tokens) * R
-			skip := it.ctxTokens * R
-			nf := all - skip
-			ctxF := min(m.Streaming.ContextTokens*R, it.s.prevFrames)
-			mel := make([]float32, C*(ctxF+nf))
-			chunk := make([]float32, C*nf)
-			for c := 0; c < C; c++ {
-				row := mel[c*(ctxF+nf) : (c+1)*(ctxF+nf)]
-				if ctxF > 0 {
-					pf := it.s.prevFrames
-					copy(row[:ctxF], it.s.prevMel[c*pf+pf-ctxF:(c+1)*pf])
-				}
-				copy(row[ctxF:], mels[i][c*all+skip:(c+1)*all])
-				copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
-			}
-			it.s.prevMel, it.s.prevFrames = chunk, nf
-			e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
+		err := r.b.advance()
+		lanes.ran(r, time.Since(t0))
+		if err != nil || r.b.done() {
+			end(r, err)
 		}
+	}
+}
+
+// startFlow runs the flow encoder for a batch; on error the batch's streams are finished and
+// the run has no flowBatch.
+func (e *Engine) startFlow(items []*flowItem) *flowRun {
+	R := e.p.m.Flow.FramesPerToken
+	jobs := make([]flowJob, len(items))
+	for i, it := range items {
+		f0 := it.firstToken * R
+		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
+	}
+	t0 := time.Now()
+	b, err := e.p.flow.start(jobs)
+	r := &flowRun{items: items, b: b, busy: time.Since(t0)}
+	if err != nil {
+		for _, it := range items {
+			it.s.finish(err)
+		}
+	}
+	return r
+}
+
+// flowDone hands a finished batch's mel to the vocoder, each chunk with the previous chunk's
+// last frames as left context; on err its streams fail.
+func (e *Engine) flowDone(r *flowRun, err error) {
+	if r.b == nil {
+		return
+	}
+	if err == nil && !r.b.done() {
+		err = errors.New("flow batch left unfinished")
+	}
+	m := e.p.m
+	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	var mels [][]float32
+	if err == nil {
+		mels = r.b.mels()
+	}
+	for i, it := range r.items {
+		if err != nil {
+			it.s.finish(err)
+			continue
+		}
+		all := len(it.tokens) * R
+		skip := it.ctxTokens * R
+		nf := all - skip
+		ctxF := min(m.Streaming.ContextTokens*R, it.s.prevFrames)
+		mel := make([]float32, C*(ctxF+nf))
+		chunk := make([]float32, C*nf)
+		for c := 0; c < C; c++ {
+			row := mel[c*(ctxF+nf) : (c+1)*(ctxF+nf)]
+			if ctxF > 0 {
+				pf := it.s.prevFrames
+				copy(row[:ctxF], it.s.prevMel[c*pf+pf-ctxF:(c+1)*pf])
+			}
+			copy(row[ctxF:], mels[i][c*all+skip:(c+1)*all])
+			copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
+		}
+		it.s.prevMel, it.s.prevFrames = chunk, nf
+		e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
 	}
 }
 
@@ -436,7 +599,7 @@ func (e *Engine) vocoderLoop() {
 			return
 		}
 		items = liveItems(items, func(it *vocItem) *stream { return it.s })
-		items, rest := takeBatch(items, e.vocFrames, e.spread, func(it *vocItem) (int, bool, *stream) {
+		items, rest := takeBatch(items, e.vocFrames, e.spread, nil, func(it *vocItem) (int, bool, *stream) {
 			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
 		})
 		e.vocQ.pushFront(rest)
@@ -468,7 +631,7 @@ func (e *Engine) vocoderLoop() {
 // everyone else back for long; at least one item. With spread > 1, only items whose length falls
 // in the leading item's band [spread^k, spread^(k+1)) join it; the others wait for a later batch.
 // A stream's chunks stay in order: once one of its items waits, its later items wait too.
-func takeBatch[T any](items []T, budget int, spread float64, info func(T) (frames int, first bool, s *stream)) (take, rest []T) {
+func takeBatch[T any](items []T, budget int, spread float64, busy map[*stream]bool, info func(T) (frames int, first bool, s *stream)) (take, rest []T) {
 	order := make([]T, 0, len(items))
 	for _, it := range items {
 		if _, first, _ := info(it); first {
@@ -486,7 +649,11 @@ func takeBatch[T any](items []T, budget int, spread float64, info func(T) (frame
 		}
 		return int(math.Floor(math.Log(float64(max(frames, 1))) / math.Log(spread)))
 	}
+	// Streams with a chunk in a batch under way (busy) wait as if an earlier item of theirs did.
 	waiting := map[*stream]bool{}
+	for s := range busy {
+		waiting[s] = true
+	}
 	used, lead := 0, 0
 	for _, it := range order {
 		frames, _, s := info(it)
@@ -559,6 +726,18 @@ func (q *queue[T]) pushFront(items []T) {
 	case q.ready <- struct{}{}:
 	default:
 	}
+}
+
+// tryPopAll returns whatever is waiting, without blocking; false once closed.
+func (q *queue[T]) tryPopAll() ([]T, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, false
+	}
+	out := q.items
+	q.items = nil
+	return out, true
 }
 
 // popAll blocks until items are waiting and returns all of them; false once closed.

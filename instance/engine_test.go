@@ -185,9 +185,11 @@ var batchRequests = []Request{
 // testBatchedEqualsAlone serves the requests one by one and then all at once on p, checks the
 // audio is the same, and returns it.
 func testBatchedEqualsAlone(t *testing.T, p *Pipeline, budget int) [][]float32 {
-	e := NewEngine(p)
+	var e *Engine
 	if budget > 0 {
-		e.flowFrames, e.vocFrames = budget, budget
+		e = newEngine(p, budget, budget)
+	} else {
+		e = NewEngine(p)
 	}
 	defer e.Close()
 	reqs := batchRequests
@@ -249,7 +251,7 @@ func TestTakeBatch(t *testing.T) {
 		name   string
 	}
 	items := []it{{a, 30, false, "a1"}, {b, 10, true, "b0"}, {a, 30, false, "a2"}, {c, 10, true, "c0"}, {b, 50, false, "b1"}}
-	take, rest := takeBatch(items, 60, 0, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	take, rest := takeBatch(items, 60, 0, nil, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
 	names := func(xs []it) (n []string) {
 		for _, x := range xs {
 			n = append(n, x.name)
@@ -264,7 +266,7 @@ func TestTakeBatch(t *testing.T) {
 		t.Fatalf("rest %v", got)
 	}
 	// One item over the budget still runs alone.
-	take, _ = takeBatch([]it{{a, 500, false, "big"}}, 60, 0, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
+	take, _ = takeBatch([]it{{a, 500, false, "big"}}, 60, 0, nil, func(x it) (int, bool, *stream) { return x.frames, x.first, x.s })
 	if len(take) != 1 {
 		t.Fatal("an item over the budget never runs")
 	}
@@ -272,11 +274,11 @@ func TestTakeBatch(t *testing.T) {
 	// (50 frames) is in another band and waits, and so would anything of b's after it.
 	spread := 1.5
 	info := func(x it) (int, bool, *stream) { return x.frames, x.first, x.s }
-	take, rest = takeBatch(items, 1000, spread, info)
+	take, rest = takeBatch(items, 1000, spread, nil, info)
 	if got := names(take); len(got) != 2 || got[0] != "b0" || got[1] != "c0" {
 		t.Fatalf("by length: take %v", got)
 	}
-	take, rest = takeBatch(rest, 1000, spread, info)
+	take, rest = takeBatch(rest, 1000, spread, nil, info)
 	if got := names(take); len(got) != 2 || got[0] != "a1" || got[1] != "a2" {
 		t.Fatalf("by length, second batch: take %v", got)
 	}
@@ -326,4 +328,71 @@ func TestEngineStats(t *testing.T) {
 		t.Errorf("flow %d and vocoder %d items, want one per chunk (%d)", got["flow"].Items, got["vocoder"].Items, chunks)
 	}
 	t.Logf("%+v", e.Stats())
+}
+
+// Flow lanes: first chunks overtake a batch of later chunks under way (urgent lane), but only
+// while they have had no more of the flow's time than that batch; a stream with a chunk under
+// way waits; the urgent batch takes the steps while it runs.
+func TestFlowLanes(t *testing.T) {
+	a, b, c, d := &stream{}, &stream{}, &stream{}, &stream{}
+	item := func(s *stream, tokens int, first bool) *flowItem {
+		return &flowItem{s: s, tokens: make([]int64, tokens), first: first}
+	}
+	l := newFlowLanes(1000, 1.3, 2)
+	if !l.idle() {
+		t.Fatal("new lanes not idle")
+	}
+	// Idle: later chunks start a bulk batch.
+	a1, b1 := item(a, 40, false), item(b, 40, false)
+	take, rest := l.admit([]*flowItem{a1, b1})
+	if len(take) != 2 || len(rest) != 0 {
+		t.Fatalf("idle: take %d, rest %d", len(take), len(rest))
+	}
+	bulk := &flowRun{items: take, busy: 5 * time.Millisecond}
+	l.add(bulk)
+	if l.bulk != bulk || l.urgent != nil || l.next() != bulk {
+		t.Fatal("later chunks did not make the bulk batch")
+	}
+	l.ran(bulk, 20*time.Millisecond)
+	// A later chunk of a busy stream, another later chunk and two first chunks arrive: only the
+	// first chunks start, as the urgent batch; the rest wait in order.
+	a2, c0, x1, d0 := item(a, 40, false), item(c, 8, true), item(&stream{}, 40, false), item(d, 8, true)
+	take, rest = l.admit([]*flowItem{a2, c0, x1, d0})
+	if len(take) != 2 || take[0] != c0 || take[1] != d0 {
+		t.Fatalf("urgent take %v", take)
+	}
+	if len(rest) != 2 || rest[0] != a2 || rest[1] != x1 {
+		t.Fatalf("urgent rest %v", rest)
+	}
+	urgent := &flowRun{items: take, busy: 3 * time.Millisecond}
+	l.add(urgent)
+	if l.next() != urgent {
+		t.Fatal("the urgent batch does not take the next step")
+	}
+	// While it runs nothing else starts.
+	if take, _ := l.admit([]*flowItem{item(&stream{}, 8, true)}); len(take) != 0 {
+		t.Fatal("a second urgent batch started")
+	}
+	l.ran(urgent, 40*time.Millisecond)
+	l.remove(urgent)
+	if l.next() != bulk || l.busy[c] || !l.busy[a] {
+		t.Fatal("after the urgent batch the bulk batch does not resume")
+	}
+	// Urgent batches have had 43 ms against the bulk batch's 25: a new first chunk waits.
+	e0 := item(&stream{}, 8, true)
+	if take, _ := l.admit([]*flowItem{e0}); len(take) != 0 {
+		t.Fatal("an urgent batch starved the bulk batch")
+	}
+	l.ran(bulk, 20*time.Millisecond)
+	if take, _ := l.admit([]*flowItem{e0}); len(take) != 1 {
+		t.Fatal("first chunk not admitted once the bulk batch had its share")
+	}
+	// Once the bulk batch is done, a's next chunk may run.
+	l.remove(bulk)
+	if !l.idle() || l.busy[a] {
+		t.Fatal("lanes not idle after both batches")
+	}
+	if take, _ := l.admit([]*flowItem{a2}); len(take) != 1 {
+		t.Fatal("a's next chunk waits with nothing under way")
+	}
 }

@@ -40,6 +40,31 @@ func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
 
 // run returns each job's mel, channel-major [mel_bins][frames].
 func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
+	b, err := s.start(jobs)
+	if err != nil {
+		return nil, err
+	}
+	for !b.done() {
+		if err := b.advance(); err != nil {
+			return nil, err
+		}
+	}
+	return b.mels(), nil
+}
+
+// flowBatch is one batch of flow jobs between Euler steps: the engine can advance another batch
+// between two of its steps (see Engine.flowLoop).
+type flowBatch struct {
+	s        *flowStage
+	lens     []int // tokens per job
+	B, F, BB int   // jobs, frames per job (padded), items per estimator call (2B with CFG)
+	x        []float32
+	mask, mu []float32 // the estimator's, for BB items
+	step     int
+}
+
+// start pads the jobs to one length and runs the encoder; no Euler step has run yet.
+func (s *flowStage) start(jobs []flowJob) (*flowBatch, error) {
 	B, C, R := len(jobs), s.m.Flow.MelBins, s.m.Flow.FramesPerToken
 	N := 0
 	for _, j := range jobs {
@@ -56,7 +81,9 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 	tmask := make([]float32, B*N)
 	fmask := make([]float32, B*F)
 	x := make([]float32, B*C*F)
+	lens := make([]int, B)
 	for b, j := range jobs {
+		lens[b] = len(j.tokens)
 		copy(toks[b*N:], j.tokens)
 		fb := len(j.tokens) * R
 		for n := range j.tokens {
@@ -76,52 +103,65 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 	if len(mu) != B*C*F {
 		return nil, fmt.Errorf("flow encoder: mu has %d values, want %d", len(mu), B*C*F)
 	}
-	cfg := s.m.Flow.CFGStrength
-	BB := B
-	estMask, estMu := fmask, mu
-	if cfg > 0 {
+	fb := &flowBatch{s: s, lens: lens, B: B, F: F, BB: B, x: x, mask: fmask, mu: mu}
+	if s.m.Flow.CFGStrength > 0 {
 		// Conditional and unconditional passes share one call of batch 2B.
-		BB = 2 * B
-		estMask = append(append(make([]float32, 0, 2*B*F), fmask...), fmask...)
-		estMu = append(append(make([]float32, 0, 2*B*C*F), mu...), make([]float32, B*C*F)...)
+		fb.BB = 2 * B
+		fb.mask = append(append(make([]float32, 0, 2*B*F), fmask...), fmask...)
+		fb.mu = append(append(make([]float32, 0, 2*B*C*F), mu...), make([]float32, B*C*F)...)
 	}
-	dt := 1 / float32(s.m.Flow.Steps)
-	for step := 0; step < s.m.Flow.Steps; step++ {
-		xin := x
+	return fb, nil
+}
+
+func (b *flowBatch) done() bool { return b.step >= b.s.m.Flow.Steps }
+
+// advance runs one Euler step.
+func (b *flowBatch) advance() error {
+	m := b.s.m
+	C, cfg := m.Flow.MelBins, m.Flow.CFGStrength
+	dt := 1 / float32(m.Flow.Steps)
+	xin := b.x
+	if cfg > 0 {
+		xin = append(append(make([]float32, 0, 2*len(b.x)), b.x...), b.x...)
+	}
+	// Every item at the same step: one time for the whole call (docs/pipeline.md lets a graph
+	// rely on it).
+	t := make([]float32, b.BB)
+	for i := range t {
+		t[i] = float32(b.step) * dt
+	}
+	v, err := b.s.estimate(b.BB, C, b.F, xin, b.mask, b.mu, t)
+	if err != nil {
+		return err
+	}
+	if len(v) != b.BB*C*b.F {
+		return fmt.Errorf("flow estimator: velocity has %d values, want %d", len(v), b.BB*C*b.F)
+	}
+	x := b.x
+	for i := range x {
+		vi := v[i]
 		if cfg > 0 {
-			xin = append(append(make([]float32, 0, 2*len(x)), x...), x...)
+			vi = (1+cfg)*v[i] - cfg*v[len(x)+i]
 		}
-		// Every item at the same step: one time for the whole call (docs/pipeline.md lets a graph
-		// rely on it).
-		t := make([]float32, BB)
-		for i := range t {
-			t[i] = float32(step) * dt
-		}
-		v, err := s.estimate(BB, C, F, xin, estMask, estMu, t)
-		if err != nil {
-			return nil, err
-		}
-		if len(v) != BB*C*F {
-			return nil, fmt.Errorf("flow estimator: velocity has %d values, want %d", len(v), BB*C*F)
-		}
-		for i := range x {
-			vi := v[i]
-			if cfg > 0 {
-				vi = (1+cfg)*v[i] - cfg*v[len(x)+i]
-			}
-			x[i] += dt * vi
-		}
+		x[i] += dt * vi
 	}
-	out := make([][]float32, B)
-	for b, j := range jobs {
-		fb := len(j.tokens) * R
+	b.step++
+	return nil
+}
+
+// mels returns each job's mel, channel-major [mel_bins][frames], once the batch is done.
+func (b *flowBatch) mels() [][]float32 {
+	C, R, F := b.s.m.Flow.MelBins, b.s.m.Flow.FramesPerToken, b.F
+	out := make([][]float32, b.B)
+	for j, n := range b.lens {
+		fb := n * R
 		mel := make([]float32, C*fb)
 		for c := 0; c < C; c++ {
-			copy(mel[c*fb:(c+1)*fb], x[(b*C+c)*F:(b*C+c)*F+fb])
+			copy(mel[c*fb:(c+1)*fb], b.x[(j*C+c)*F:(j*C+c)*F+fb])
 		}
-		out[b] = mel
+		out[j] = mel
 	}
-	return out, nil
+	return out
 }
 
 func (s *flowStage) encode(B, N int, toks []int64, tmask []float32) ([]float32, error) {
