@@ -32,6 +32,9 @@ type Engine struct {
 	wg     sync.WaitGroup
 	once   sync.Once
 	stats  [numStages]stageCounter
+	// Where each request's first audio spent its time (FirstAudio).
+	firstMu    sync.Mutex
+	firstAudio []FirstAudio
 }
 
 // The engine's batched stages, in StageStats' names.
@@ -128,6 +131,7 @@ func (e *Engine) Synthesize(ctx context.Context, req Request, emit func(Chunk) e
 		}
 		s.maxTok = min(s.maxTok, lim-len(s.prompt))
 	}
+	s.marks[markArrived] = time.Now()
 	select {
 	case e.arrivals <- s:
 	case <-ctx.Done():
@@ -173,6 +177,9 @@ type stream struct {
 	// Owned by the flow loop: the previous chunk's mel, the vocoder's left context.
 	prevMel    []float32
 	prevFrames int
+
+	// When the first audio passed each mark, written by the loop the stream is in at the time.
+	marks [numMarks]time.Time
 
 	// Output, handed from the vocoder loop to Synthesize.
 	mu     sync.Mutex
@@ -220,6 +227,43 @@ func (s *stream) wake() {
 	select {
 	case s.notify <- struct{}{}:
 	default:
+	}
+}
+
+// The marks on a request's way to its first audio.
+const (
+	markArrived  = iota // handed to the LM loop
+	markPrefill         // prompt prefilled
+	markQueued          // first chunk of speech tokens handed to the flow
+	markMel             // first chunk's mel handed to the vocoder
+	numMarks
+)
+
+// FirstAudio is where one request's first audio spent its time: waiting for the LM loop and
+// prefilling its prompt, decoding the first chunk's speech tokens, waiting for and running the
+// flow, waiting for and running the vocoder.
+type FirstAudio struct {
+	Prefill, Decode, Flow, Vocoder time.Duration
+}
+
+// FirstAudio returns what requests' first audio spent its time on since the last call.
+func (e *Engine) FirstAudio() []FirstAudio {
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	out := e.firstAudio
+	e.firstAudio = nil
+	return out
+}
+
+// firstAudioOut records s's first audio, which leaves now.
+func (e *Engine) firstAudioOut(s *stream) {
+	m := s.marks
+	f := FirstAudio{Prefill: m[markPrefill].Sub(m[markArrived]), Decode: m[markQueued].Sub(m[markPrefill]),
+		Flow: m[markMel].Sub(m[markQueued]), Vocoder: time.Since(m[markMel])}
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	if len(e.firstAudio) < 100000 { // nobody reading: keep memory bounded
+		e.firstAudio = append(e.firstAudio, f)
 	}
 }
 
@@ -323,6 +367,7 @@ func (e *Engine) lmLoop() {
 			rows, logits, err := dec.join(prompts)
 			e.count(stageLMPrefill, len(prompts), t0)
 			for i, s := range fresh {
+				s.marks[markPrefill] = time.Now()
 				switch {
 				case err != nil:
 					s.finish(err)
@@ -371,6 +416,9 @@ func (e *Engine) advance(s *stream, logits []float32) bool {
 }
 
 func (e *Engine) toFlow(s *stream, end int, last bool) {
+	if s.chunk == 0 {
+		s.marks[markQueued] = time.Now()
+	}
 	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
 	e.flowQ.push(&flowItem{
 		s:          s,
@@ -586,6 +634,9 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 			copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
 		}
 		it.s.prevMel, it.s.prevFrames = chunk, nf
+		if it.first {
+			it.s.marks[markMel] = time.Now()
+		}
 		e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
 	}
 }
@@ -619,6 +670,9 @@ func (e *Engine) vocoderLoop() {
 				continue
 			}
 			it.s.push(audio[i][it.ctxFrames*hop:], rate)
+			if it.first {
+				e.firstAudioOut(it.s)
+			}
 			if it.last {
 				it.s.finish(nil)
 			}

@@ -396,3 +396,33 @@ func TestFlowLanes(t *testing.T) {
 		t.Fatal("a's next chunk waits with nothing under way")
 	}
 }
+
+// Each request's first audio is recorded once, its parts adding up to no more than the time the
+// request took; the summary names every part.
+func TestFirstAudio(t *testing.T) {
+	e := NewEngine(tinyPipeline(t))
+	defer e.Close()
+	t0 := time.Now()
+	synth(t, e, Request{Text: "A sentence long enough for a few chunks of speech.", Seed: 1})
+	synth(t, e, Request{Text: "Hi", Seed: 2})
+	took := time.Since(t0)
+	fa := e.FirstAudio()
+	if len(fa) != 2 {
+		t.Fatalf("%d first audios recorded, want 2", len(fa))
+	}
+	for _, f := range fa {
+		sum := f.Prefill + f.Decode + f.Flow + f.Vocoder
+		if f.Prefill <= 0 || f.Decode < 0 || f.Flow <= 0 || f.Vocoder <= 0 || sum > took {
+			t.Fatalf("first audio %+v (sum %v, requests took %v)", f, sum, took)
+		}
+	}
+	if len(e.FirstAudio()) != 0 {
+		t.Fatal("FirstAudio does not drain")
+	}
+	s := firstAudioSummary(fa)
+	for _, part := range []string{"n=2", "total=", "prefill=", "decode=", "flow=", "vocoder="} {
+		if !strings.Contains(s, part) {
+			t.Fatalf("summary %q lacks %q", s, part)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,37 @@ type Service struct {
 // statser is a Runner that reports per-stage statistics (the staged engine).
 type statser interface {
 	Stats() []StageStats
+}
+
+// firstAudioer is a Runner that reports where its requests' first audio spent its time.
+type firstAudioer interface {
+	FirstAudio() []FirstAudio
+}
+
+// firstAudioSummary gives the median and 95th percentile of each part of the time to first audio
+// and of their sum, in ms.
+func firstAudioSummary(fa []FirstAudio) string {
+	parts := []struct {
+		name string
+		of   func(FirstAudio) time.Duration
+	}{
+		{"total", func(f FirstAudio) time.Duration { return f.Prefill + f.Decode + f.Flow + f.Vocoder }},
+		{"prefill", func(f FirstAudio) time.Duration { return f.Prefill }},
+		{"decode", func(f FirstAudio) time.Duration { return f.Decode }},
+		{"flow", func(f FirstAudio) time.Duration { return f.Flow }},
+		{"vocoder", func(f FirstAudio) time.Duration { return f.Vocoder }},
+	}
+	out := fmt.Sprintf("n=%d p50/p95_ms", len(fa))
+	ds := make([]time.Duration, len(fa))
+	for _, p := range parts {
+		for i, f := range fa {
+			ds[i] = p.of(f)
+		}
+		slices.Sort(ds)
+		q := func(x float64) float64 { return float64(ds[int(x*float64(len(ds)-1)+0.5)].Microseconds()) / 1000 }
+		out += fmt.Sprintf(" %s=%.0f/%.0f", p.name, q(0.5), q(0.95))
+	}
+	return out
 }
 
 // logStats writes the engine's per-stage figures every interval while it is busy: where the
@@ -52,6 +84,11 @@ func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
 			attrs = append(attrs, d.Stage, fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
 				runs, float64(d.Items-p.Items)/float64(runs), 100*busy.Seconds()/interval.Seconds(),
 				float64(busy.Milliseconds())/float64(runs)))
+		}
+		if f, ok := r.(firstAudioer); ok {
+			if fa := f.FirstAudio(); len(fa) > 0 {
+				attrs = append(attrs, "first_audio", firstAudioSummary(fa))
+			}
 		}
 		if len(attrs) > 0 {
 			slog.Info("engine stats", attrs...)
