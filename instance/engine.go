@@ -232,10 +232,10 @@ func (s *stream) wake() {
 
 // The marks on a request's way to its first audio.
 const (
-	markArrived  = iota // handed to the LM loop
-	markPrefill         // prompt prefilled
-	markQueued          // first chunk of speech tokens handed to the flow
-	markMel             // first chunk's mel handed to the vocoder
+	markArrived = iota // handed to the LM loop
+	markPrefill        // prompt prefilled
+	markQueued         // first chunk of speech tokens handed to the flow
+	markMel            // first chunk's mel handed to the vocoder
 	numMarks
 )
 
