@@ -521,6 +521,13 @@ def relative_error(got, want):
     return ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
 
 
+def require_close(what, err, tol):
+    """Stops the export when a fused form (what) is further than tol from the plain one."""
+    if err > tol:
+        raise SystemExit("%s differs from the plain form: relative error %.3g" % (what, err))
+    log("%s equals the plain form (relative error %.1e)" % (what, err))
+
+
 def check_matmul_convs(models):
     """The export writes the flow's convolutions as matrix products (cs.conv1d_as_matmul): they
     must equal nn.Conv1d. Float32 on the CPU, before the modules move; a wrong export stops here."""
@@ -540,9 +547,7 @@ def check_matmul_convs(models):
             got = mod(*args)
             mod.fused = False
             worst = max(worst, relative_error(got, want))
-    if worst > 1e-5:
-        raise SystemExit("flow convolutions as matrix products differ from nn.Conv1d: relative error %.3g" % worst)
-    log("flow convolutions as matrix products equal nn.Conv1d (relative error %.1e)" % worst)
+    require_close("flow convolutions as matrix products (against nn.Conv1d)", worst, 1e-5)
 
 
 def check_shared_time(est, skip_norms):
@@ -562,10 +567,7 @@ def check_shared_time(est, skip_norms):
         got = est(x, mask, mu, t)
         cs.use_fused(est, False)
         est.shared_time = est.skip_norms = False
-    err = relative_error(got, want)
-    if err > 1e-4:
-        raise SystemExit("flow estimator with a shared flow time differs from the plain one: relative error %.3g" % err)
-    log("flow estimator with a shared flow time equals the plain one (relative error %.1e)" % err)
+    require_close("flow estimator with a shared flow time", relative_error(got, want), 1e-4)
 
 
 def check_skip_norms_lm(lm):
@@ -585,10 +587,8 @@ def check_skip_norms_lm(lm):
         got = lm(ids, pos, mask, *past)
         cs.use_fused(lm, False)
         lm.skip_norms = False
-    err = max(relative_error(a, b) for a, b in zip(got, want))
-    if err > 1e-4:
-        raise SystemExit("LM with residual adds fused into the norms differs from the plain one: relative error %.3g" % err)
-    log("LM with residual adds fused into the norms equals the plain one (relative error %.1e)" % err)
+    require_close("LM with residual adds fused into the norms",
+                  max(relative_error(a, b) for a, b in zip(got, want)), 1e-4)
 
 
 def main():
