@@ -601,12 +601,6 @@ func (e *Engine) startFlow(items []*flowItem) *flowRun {
 // flowDone hands a finished batch's mel to the vocoder, each chunk with the previous chunk's
 // last frames as left context; on err its streams fail.
 func (e *Engine) flowDone(r *flowRun, err error) {
-	if r.b == nil {
-		return
-	}
-	if err == nil && !r.b.done() {
-		err = errors.New("flow batch left unfinished")
-	}
 	m := e.p.m
 	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
 	var mels [][]float32
@@ -797,18 +791,9 @@ func (q *queue[T]) tryPopAll() ([]T, bool) {
 // popAll blocks until items are waiting and returns all of them; false once closed.
 func (q *queue[T]) popAll() ([]T, bool) {
 	for {
-		q.mu.Lock()
-		if q.closed {
-			q.mu.Unlock()
-			return nil, false
+		if out, ok := q.tryPopAll(); !ok || len(out) > 0 {
+			return out, ok
 		}
-		if len(q.items) > 0 {
-			out := q.items
-			q.items = nil
-			q.mu.Unlock()
-			return out, true
-		}
-		q.mu.Unlock()
 		<-q.ready
 	}
 }

@@ -57,7 +57,7 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 type flowBatch struct {
 	s        *flowStage
 	lens     []int // tokens per job
-	B, F, BB int   // jobs, frames per job (padded), items per estimator call (2B with CFG)
+	F, BB    int   // frames per job (padded), items per estimator call (2 per job with CFG)
 	x        []float32
 	mask, mu []float32 // the estimator's, for BB items
 	step     int
@@ -103,7 +103,7 @@ func (s *flowStage) start(jobs []flowJob) (*flowBatch, error) {
 	if len(mu) != B*C*F {
 		return nil, fmt.Errorf("flow encoder: mu has %d values, want %d", len(mu), B*C*F)
 	}
-	fb := &flowBatch{s: s, lens: lens, B: B, F: F, BB: B, x: x, mask: fmask, mu: mu}
+	fb := &flowBatch{s: s, lens: lens, F: F, BB: B, x: x, mask: fmask, mu: mu}
 	if s.m.Flow.CFGStrength > 0 {
 		// Conditional and unconditional passes share one call of batch 2B.
 		fb.BB = 2 * B
@@ -152,7 +152,7 @@ func (b *flowBatch) advance() error {
 // mels returns each job's mel, channel-major [mel_bins][frames], once the batch is done.
 func (b *flowBatch) mels() [][]float32 {
 	C, R, F := b.s.m.Flow.MelBins, b.s.m.Flow.FramesPerToken, b.F
-	out := make([][]float32, b.B)
+	out := make([][]float32, len(b.lens))
 	for j, n := range b.lens {
 		fb := n * R
 		mel := make([]float32, C*fb)
