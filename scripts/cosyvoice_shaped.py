@@ -174,6 +174,34 @@ class AttentionOp(torch.autograd.Function):
         return y
 
 
+class QKVAttentionOp(torch.autograd.Function):
+    """The DiT's whole self-attention before the output projection in one operator: the q/k/v
+    projection of h [B,F,D] (weight [D,3D], bias [3D]), RoPE (rotate-half, theta 10000) of q and
+    k at positions 0..F-1, and softmax attention with an additive bias [B,1,F,F]. Exported as
+    com.microsoft Attention with do_rotary: one cuBLAS product, one kernel that adds the bias,
+    rotates q and k and lays them out for the memory-efficient attention kernel, and that kernel;
+    the split form (AttentionOp) spends an Add, a Split and two RotaryEmbedding passes over the
+    [B,F,3D] product on the same. The bias goes in as input 3 here; fix_attention_inputs() moves
+    it to Attention's attention_bias slot (input 5)."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, attn_bias, cos_cache, sin_cache, num_heads):
+        B, F_, D = h.shape
+        q, k, v = (torch.matmul(h, weight) + bias).split(D, dim=-1)
+        pos = torch.zeros(1, dtype=torch.int64, device=h.device)
+        q = RotaryOp.forward(None, q, pos, cos_cache, sin_cache, num_heads)
+        k = RotaryOp.forward(None, k, pos, cos_cache, sin_cache, num_heads)
+        return AttentionOp.forward(None, q, k, v, attn_bias, num_heads)
+
+    @staticmethod
+    def symbolic(g, h, weight, bias, attn_bias, cos_cache, sin_cache, num_heads):
+        # RoPE's table is computed in the kernel (theta 10000, rotate-half: what the DiT uses).
+        y = g.op(MS_DOMAIN + "::Attention", h, weight, bias, attn_bias, num_heads_i=num_heads,
+                 do_rotary_i=1)
+        y.setType(h.type())
+        return y
+
+
 class FastGeluOp(torch.autograd.Function):
     """tanh-approximated GELU of x (+ bias [D], added in the same kernel); exported as
     com.microsoft FastGelu."""
@@ -309,14 +337,16 @@ def fix_norm_outputs(model):
 
 
 def fix_attention_inputs(model):
-    """Puts AttentionOp's bias in MultiHeadAttention's attention_bias slot: inputs
-    (query, key, value, bias, key_padding_mask, attention_bias), the two between left empty."""
+    """Puts the attention bias of AttentionOp and QKVAttentionOp (their fourth input) in the
+    operators' attention_bias slot, input 5, with the two between left empty: MultiHeadAttention
+    (query, key, value, bias, key_padding_mask, attention_bias), Attention (input, weights, bias,
+    mask_index, past, attention_bias)."""
     n = 0
     for node in model.graph.node:
-        if node.domain == MS_DOMAIN and node.op_type == "MultiHeadAttention" and len(node.input) == 4:
-            q, k, v, bias = node.input
+        if node.domain == MS_DOMAIN and node.op_type in ("MultiHeadAttention", "Attention") and len(node.input) == 4:
+            a, b, c, attn_bias = node.input
             del node.input[:]
-            node.input.extend([q, k, v, "", "", bias])
+            node.input.extend([a, b, c, "", "", attn_bias])
             n += 1
     return n
 
@@ -701,11 +731,18 @@ class DiTBlock(nn.Module):
         self.scale = 1.0 / math.sqrt(DIT_HEAD_DIM)
         self.sdpa = False
         self.fused = False
+        # With fused operators: projection, RoPE and attention as one Attention operator
+        # (QKVAttentionOp) rather than MatMul, Add, Split, two RotaryEmbedding and
+        # MultiHeadAttention.
+        self.qkv_attention = False
 
     def attend_fused(self, h, rope, key_bias):
         """Self-attention of h [B,F,D] through the fused operators; rope is (position offset,
         cos_cache, sin_cache). Returns the context before the output projection."""
         pos, cos_cache, sin_cache = rope
+        if self.qkv_attention:
+            return QKVAttentionOp.apply(h, self.to_qkv.weight.t(), self.to_qkv.bias, key_bias,
+                                        cos_cache, sin_cache, DIT_HEADS)
         q, k, v = self.to_qkv(h).split(DIT_DIM, dim=-1)                             # [B,F,1024]
         q = RotaryOp.apply(q, pos, cos_cache, sin_cache, DIT_HEADS)
         k = RotaryOp.apply(k, pos, cos_cache, sin_cache, DIT_HEADS)

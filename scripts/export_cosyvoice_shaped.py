@@ -570,6 +570,30 @@ def check_shared_time(est, skip_norms):
     require_close("flow estimator with a shared flow time", relative_error(got, want), 1e-4)
 
 
+def use_qkv_attention(est, on):
+    for b in est.blocks:
+        b.qkv_attention = on
+
+
+def check_qkv_attention(est):
+    """The DiT with its attention as one operator (QKVAttentionOp: projection, RoPE and attention)
+    must equal the split form. Float32 on the CPU."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, cs.MEL_BINS, 24, generator=g)
+    mu = torch.randn(2, cs.MEL_BINS, 24, generator=g)
+    mask = torch.ones(2, 1, 24)
+    mask[1, :, 16:] = 0
+    t = torch.tensor([0.6, 0.6])
+    with torch.no_grad():
+        cs.use_fused(est, True)
+        want = est(x, mask, mu, t)
+        use_qkv_attention(est, True)
+        got = est(x, mask, mu, t)
+        use_qkv_attention(est, False)
+        cs.use_fused(est, False)
+    require_close("flow attention as one Attention operator", relative_error(got, want), 1e-5)
+
+
 def check_skip_norms_lm(lm):
     """The LM with its residual adds fused into the norms (concat cache) must equal the plain
     one: logits and caches. Float32 on the CPU."""
@@ -619,6 +643,10 @@ def main():
                          "before it (ONNX Runtime's SkipLayerNormalization and "
                          "SkipSimplifiedLayerNormalization; default), or add and norm as separate "
                          "nodes (for comparisons). The flow's fusion needs --flow-time shared")
+    ap.add_argument("--dit-attention", choices=["qkv", "split"], default="qkv",
+                    help="the DiT's q/k/v projection, RoPE and attention as one ONNX Runtime Attention "
+                         "operator (default), or as MatMul, Add, Split, two RotaryEmbedding and "
+                         "MultiHeadAttention (for comparisons)")
     ap.add_argument("--no-verify", action="store_true")
     a = ap.parse_args()
     if a.cache == "shared" and a.plain:
@@ -638,6 +666,9 @@ def main():
         check_shared_time(models.flow_estimator, skip_norms)
     if skip_norms:
         check_skip_norms_lm(models.lm)
+    qkv_attention = not a.plain and a.dit_attention == "qkv"
+    if qkv_attention:
+        check_qkv_attention(models.flow_estimator)
     models = models.to(device=a.device, dtype=dtype)
 
     weights = os.path.join(a.out_dir, "weights.pt")
@@ -646,12 +677,15 @@ def main():
     cs.use_fused(models, not a.plain)
     models.flow_estimator.shared_time = a.flow_time == "shared"
     models.flow_estimator.skip_norms = models.lm.skip_norms = skip_norms
+    use_qkv_attention(models.flow_estimator, qkv_attention)
     if a.flow_convs == "conv":
         models.flow_encoder.fused = models.flow_estimator.pos_conv.fused = False
     log("flow convolutions: %s" % ("ONNX Conv" if a.plain or a.flow_convs == "conv" else "gather + matrix product"))
     log("operators: %s" % ("standard ONNX only" if a.plain else "ONNX Runtime's fused operators"))
     log("LM cache: %s" % a.cache)
     log("residual adds: %s" % ("fused into the norms" if skip_norms else "separate nodes"))
+    log("flow attention: %s" % ("one Attention operator (projection, RoPE, attention)" if qkv_attention
+                                else "projection, RoPE and MultiHeadAttention as separate nodes"))
     export_all(models, a.out_dir, dtype, a.device, a.opset, not a.plain, a.cache)
     log("wrote %s" % write_manifest(a.out_dir, a.dtype, a.cache))
 
@@ -659,6 +693,7 @@ def main():
         return 0
     # The checks compare the graphs with the plain modules, as the baseline runs them.
     cs.use_fused(models, False)
+    use_qkv_attention(models.flow_estimator, False)
     try:
         failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache)
     except Exception as e:
