@@ -4,7 +4,7 @@
 # FFmpeg's libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|twogroups ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|compare|twogroups ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -142,6 +142,47 @@ sweep() {
   local name=sweep-${SWEEP_NAME:-run}
   serve_bench "$name" 8070 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}" \
     "${LEVELS:-1,64,256}" "${SWEEP_NAME:-run}: ${BIG:-/tmp/big}" "${BENCH_OUT:-$logs/$name}"
+}
+
+# The same request to each export in $MODELS (model folders), one server after the other: prints
+# each one's audio difference from the first's (exports that should compute the same thing).
+compare() {
+  local first="" text='The quick brown fox jumps over the lazy dog, and then it runs far away into the forest.'
+  for m in ${MODELS:?set MODELS to two or more model folders}; do
+    local name; name=$(basename "$m")
+    cat > "$logs/compare.yaml" <<YAML
+listen: 127.0.0.1:8060
+model: $m/pipeline.yaml
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+groups:
+  - {name: gpu0, gpus: [0]}
+YAML
+    "$bin" serve --config "$logs/compare.yaml" > "$logs/compare-$name.log" 2>&1 &
+    local pid=$!
+    wait_ready http://127.0.0.1:8060 300 || { echo "not ready: $m"; tail -20 "$logs/compare-$name.log"; kill $pid; return 1; }
+    curl -s 127.0.0.1:8060/v1/audio/speech -d "{\"input\":\"$text\",\"response_format\":\"pcm\"}" -o "$logs/compare-$name.pcm"
+    kill -TERM $pid; wait $pid
+    if [ -z "$first" ]; then first=$name; continue; fi
+    python3 - "$logs/compare-$first.pcm" "$logs/compare-$name.pcm" "$first" "$name" <<'PY'
+import math, sys
+from array import array
+def pcm(path):
+    a = array("h")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    if sys.byteorder == "big":
+        a.byteswap()
+    return [v / 32768 for v in a]
+a, b = pcm(sys.argv[1]), pcm(sys.argv[2])
+n = min(len(a), len(b))
+d = [y - x for x, y in zip(a[:n], b[:n])]
+ref = math.sqrt(sum(x * x for x in a[:n]) / max(n, 1)) or 1.0
+print("%s against %s: %d and %d samples, largest difference %.4g, rms difference / rms signal %.3g"
+      % (sys.argv[4], sys.argv[3], len(b), len(a), max(map(abs, d), default=0.0),
+         math.sqrt(sum(v * v for v in d) / max(n, 1)) / ref))
+PY
+  done
 }
 
 # One group against two groups (one GPU each) at saturation.
