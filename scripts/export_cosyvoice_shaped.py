@@ -168,7 +168,7 @@ class F32IO(torch.nn.Module):
         return out.to(torch.float32)
 
 
-def export_all(models, out_dir, dtype, device, opset, fused, cache):
+def export_all(models, out_dir, dtype, device, opset, fused, cache, only=None):
     lm = models.lm
     enc, est, voc = (F32IO(m, dtype) for m in (models.flow_encoder, models.flow_estimator, models.vocoder))
     lm_dtype, dtype = dtype, torch.float32  # only the LM's cache is in the model's dtype
@@ -221,6 +221,8 @@ def export_all(models, out_dir, dtype, device, opset, fused, cache):
          ["mel"], ["audio"], {"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}}),
     ]
     for name, module, args, inputs, outputs, dyn in jobs:
+        if only is not None and name not in only:
+            continue
         path = os.path.join(out_dir, name)
         log("exporting %s (%d parameters) ..." % (name, cs.count_params(module)))
         with torch.no_grad():
@@ -495,14 +497,22 @@ def verify_vocoder(chk, sess, voc, device, dtype, np_dtype, context):
              % (measured, context), measured <= context)
 
 
-def verify(out_dir, models, device, dtype, provider, cache):
+def checks_on_cpu(provider):
+    import onnxruntime as ort
+    return provider == "cpu" or (provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers())
+
+
+def verify(out_dir, models, device, dtype, provider, cache, estimator=None):
     import onnxruntime as ort
     fp16 = dtype == torch.float16
     np_dtype = np.float16 if fp16 else np.float32
     chk = Checker(fp16)
     log("verifying with ONNX Runtime %s (%s)" % (ort.__version__, ", ".join(ort.get_available_providers())))
     sess = {n: ort_session(os.path.join(out_dir, n + ".onnx"), provider)
-            for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")}
+            for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")
+            if not (n == "flow_estimator" and estimator)}
+    if estimator:
+        sess["flow_estimator"] = ort_session(estimator, provider)
     log("  sessions run on %s" % sess["lm"].get_providers()[0])
     if cache == "shared":
         verify_lm_shared(chk, sess["lm"], models.lm, device, dtype, np_dtype)
@@ -691,11 +701,23 @@ def main():
 
     if a.no_verify:
         return 0
+    estimator = None
+    if qkv_attention and checks_on_cpu(a.provider):
+        # Everything else in the estimator is the same graph; the Attention form itself is
+        # compared with the split form on a GPU by scripts/export_attention_check.py.
+        check_dir = os.path.join(a.out_dir, "check")
+        os.makedirs(check_dir, exist_ok=True)
+        log("ONNX Runtime's CPU Attention kernel has no RoPE: the checks take the flow estimator in its "
+            "split form (--dit-attention split, same weights) from %s; scripts/export_attention_check.py "
+            "compares the two forms on a GPU" % check_dir)
+        use_qkv_attention(models.flow_estimator, False)
+        export_all(models, check_dir, dtype, a.device, a.opset, not a.plain, a.cache, only={"flow_estimator.onnx"})
+        estimator = os.path.join(check_dir, "flow_estimator.onnx")
     # The checks compare the graphs with the plain modules, as the baseline runs them.
     cs.use_fused(models, False)
     use_qkv_attention(models.flow_estimator, False)
     try:
-        failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache)
+        failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache, estimator)
     except Exception as e:
         log("verification could not run: %s: %s" % (type(e).__name__, e))
         log("hint: float16 graphs need ONNX Runtime's CUDA provider (onnxruntime-gpu) on most builds; "
