@@ -1016,6 +1016,13 @@ def build(seed=SEED):
     return models.eval()
 
 
+def use_qkv_attention(models, on=True):
+    """Switches the DiT's fused attention to one Attention operator (QKVAttentionOp; exports)."""
+    for m in models.modules():
+        if isinstance(m, DiTBlock):
+            m.qkv_attention = on
+
+
 def use_sdpa(models, on=True):
     """Switches attention to torch's fused kernel (eager runs); exports keep it off."""
     for m in models.modules():

@@ -45,7 +45,7 @@ def main():
     cs.use_fused(models, True)
     est.shared_time = True
     est.skip_norms = models.lm.skip_norms = True
-    ex.use_qkv_attention(est, variant == "qkv")
+    cs.use_qkv_attention(est, variant == "qkv")
     os.makedirs(out, exist_ok=True)
     ex.export_all(models, out, torch.float16, "cuda", 17, True, "concat")
     ex.log("wrote %s" % ex.write_manifest(out, "float16", "concat"))

@@ -531,11 +531,11 @@ def relative_error(got, want):
     return ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item()
 
 
-def require_close(what, err, tol):
-    """Stops the export when a fused form (what) is further than tol from the plain one."""
+def require_close(what, err, tol, against="the plain form"):
+    """Stops the export when a fused form (what) is further than tol from the form it replaces."""
     if err > tol:
-        raise SystemExit("%s differs from the plain form: relative error %.3g" % (what, err))
-    log("%s equals the plain form (relative error %.1e)" % (what, err))
+        raise SystemExit("%s differs from %s: relative error %.3g" % (what, against, err))
+    log("%s equals %s (relative error %.1e)" % (what, against, err))
 
 
 def check_matmul_convs(models):
@@ -580,11 +580,6 @@ def check_shared_time(est, skip_norms):
     require_close("flow estimator with a shared flow time", relative_error(got, want), 1e-4)
 
 
-def use_qkv_attention(est, on):
-    for b in est.blocks:
-        b.qkv_attention = on
-
-
 def check_qkv_attention(est):
     """The DiT with its attention as one operator (QKVAttentionOp: projection, RoPE and attention)
     must equal the split form. Float32 on the CPU."""
@@ -597,11 +592,12 @@ def check_qkv_attention(est):
     with torch.no_grad():
         cs.use_fused(est, True)
         want = est(x, mask, mu, t)
-        use_qkv_attention(est, True)
+        cs.use_qkv_attention(est, True)
         got = est(x, mask, mu, t)
-        use_qkv_attention(est, False)
+        cs.use_qkv_attention(est, False)
         cs.use_fused(est, False)
-    require_close("flow attention as one Attention operator", relative_error(got, want), 1e-5)
+    require_close("flow attention as one Attention operator", relative_error(got, want), 1e-5,
+                  against="the split form")
 
 
 def check_skip_norms_lm(lm):
@@ -687,7 +683,7 @@ def main():
     cs.use_fused(models, not a.plain)
     models.flow_estimator.shared_time = a.flow_time == "shared"
     models.flow_estimator.skip_norms = models.lm.skip_norms = skip_norms
-    use_qkv_attention(models.flow_estimator, qkv_attention)
+    cs.use_qkv_attention(models.flow_estimator, qkv_attention)
     if a.flow_convs == "conv":
         models.flow_encoder.fused = models.flow_estimator.pos_conv.fused = False
     log("flow convolutions: %s" % ("ONNX Conv" if a.plain or a.flow_convs == "conv" else "gather + matrix product"))
@@ -710,12 +706,11 @@ def main():
         log("ONNX Runtime's CPU Attention kernel has no RoPE: the checks take the flow estimator in its "
             "split form (--dit-attention split, same weights) from %s; scripts/export_attention_check.py "
             "compares the two forms on a GPU" % check_dir)
-        use_qkv_attention(models.flow_estimator, False)
+        cs.use_qkv_attention(models.flow_estimator, False)
         export_all(models, check_dir, dtype, a.device, a.opset, not a.plain, a.cache, only={"flow_estimator.onnx"})
         estimator = os.path.join(check_dir, "flow_estimator.onnx")
     # The checks compare the graphs with the plain modules, as the baseline runs them.
     cs.use_fused(models, False)
-    use_qkv_attention(models.flow_estimator, False)
     try:
         failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache, estimator)
     except Exception as e:
