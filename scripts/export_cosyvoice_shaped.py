@@ -560,16 +560,22 @@ def check_matmul_convs(models):
     require_close("flow convolutions as matrix products (against nn.Conv1d)", worst, 1e-5)
 
 
-def check_shared_time(est, skip_norms):
-    """With one flow time for the batch, the fused estimator (modulation folded into the layer
-    norms, gates into the output projections; with skip_norms, residual adds fused into the norms
-    as well) must equal the plain one. Float32 on the CPU."""
-    g = torch.Generator().manual_seed(4)
+def estimator_inputs(seed, t):
+    """Estimator inputs for the float32 checks: two items of 24 frames, the second padded after
+    16, both at flow time t."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(2, cs.MEL_BINS, 24, generator=g)
     mu = torch.randn(2, cs.MEL_BINS, 24, generator=g)
     mask = torch.ones(2, 1, 24)
     mask[1, :, 16:] = 0
-    t = torch.tensor([0.3, 0.3])
+    return x, mask, mu, torch.tensor([t, t])
+
+
+def check_shared_time(est, skip_norms):
+    """With one flow time for the batch, the fused estimator (modulation folded into the layer
+    norms, gates into the output projections; with skip_norms, residual adds fused into the norms
+    as well) must equal the plain one. Float32 on the CPU."""
+    x, mask, mu, t = estimator_inputs(4, 0.3)
     with torch.no_grad():
         want = est(x, mask, mu, t)
         cs.use_fused(est, True)
@@ -583,12 +589,7 @@ def check_shared_time(est, skip_norms):
 def check_qkv_attention(est):
     """The DiT with its attention as one operator (QKVAttentionOp: projection, RoPE and attention)
     must equal the split form. Float32 on the CPU."""
-    g = torch.Generator().manual_seed(6)
-    x = torch.randn(2, cs.MEL_BINS, 24, generator=g)
-    mu = torch.randn(2, cs.MEL_BINS, 24, generator=g)
-    mask = torch.ones(2, 1, 24)
-    mask[1, :, 16:] = 0
-    t = torch.tensor([0.6, 0.6])
+    x, mask, mu, t = estimator_inputs(6, 0.6)
     with torch.no_grad():
         cs.use_fused(est, True)
         want = est(x, mask, mu, t)

@@ -150,14 +150,7 @@ compare() {
   local first="" text='The quick brown fox jumps over the lazy dog, and then it runs far away into the forest.'
   for m in ${MODELS:?set MODELS to two or more model folders}; do
     local name; name=$(basename "$m")
-    cat > "$logs/compare.yaml" <<YAML
-listen: 127.0.0.1:8060
-model: $m/pipeline.yaml
-provider: cuda
-onnxruntime: $ort/libonnxruntime.so
-groups:
-  - {name: gpu0, gpus: [0]}
-YAML
+    BIG=$m bigcfg compare 127.0.0.1:8060 "  - {name: gpu0, gpus: [0]}"
     "$bin" serve --config "$logs/compare.yaml" > "$logs/compare-$name.log" 2>&1 &
     local pid=$!
     wait_ready http://127.0.0.1:8060 300 || { echo "not ready: $m"; tail -20 "$logs/compare-$name.log"; kill $pid; return 1; }
