@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -432,46 +433,64 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 	s.chunk++
 }
 
-// flowRun is a batch of chunks in the flow, and the flow time spent on it so far.
+// flowRun is a batch of chunks on one flow worker, and the flow time it took.
 type flowRun struct {
-	items []*flowItem
-	b     *flowBatch
-	busy  time.Duration
+	items  []*flowItem
+	worker int
+	b      *flowBatch
+	busy   time.Duration
+	err    error
 }
 
-// flowLanes decides which flow batch starts and which one takes the next Euler step. Up to two
-// batches are under way: when first chunks arrive while a batch of later chunks (bulk) runs, a
-// batch of them (urgent) starts at once and takes every step until it is done, so a new stream's
-// first audio waits for one Euler step of the batch before it, not for the whole of that batch.
-// So that a steady flow of new requests cannot starve the later chunks of running ones, urgent
-// batches get at most half of the flow's time while a bulk batch is under way. A stream's chunks
-// stay in order: none joins a batch while another of its chunks is in one.
+// urgent reports whether the batch leads with a first chunk.
+func (r *flowRun) urgent() bool { return r.items[0].first }
+
+// flowLanes decides which flow batch starts on which worker. Each worker (Pipeline.flows) has
+// its own ONNX Runtime sessions and so its own CUDA stream: a flow batch of a few chunks is
+// bound by ONNX Runtime launching its kernels one by one, and batches on several workers keep
+// the GPU busy where one batch alone leaves it waiting on the host. With more than one worker,
+// batches of later chunks (bulk) hold at most all workers but one, so a new stream's first
+// chunk never waits for a whole bulk batch; first chunks start on any free worker, ahead of
+// later chunks. A stream's chunks stay in order: none joins a batch while another of its
+// chunks is in one.
 type flowLanes struct {
-	urgent, bulk *flowRun
-	// Time spent on urgent batches and on the bulk batch since the bulk batch began.
-	urgentTime, bulkTime time.Duration
-	busy                 map[*stream]bool // streams with a chunk in a batch under way
-	budget               int              // frames per batch
-	spread               float64          // see takeBatch
-	framesPerToken       int
+	runs           []*flowRun       // by worker; nil where free
+	busy           map[*stream]bool // streams with a chunk in a batch under way
+	budget         int              // frames per batch
+	spread         float64          // see takeBatch
+	framesPerToken int
 }
 
-func newFlowLanes(budget int, spread float64, framesPerToken int) *flowLanes {
-	return &flowLanes{busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken}
+func newFlowLanes(workers, budget int, spread float64, framesPerToken int) *flowLanes {
+	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken}
 }
 
-func (l *flowLanes) idle() bool { return l.urgent == nil && l.bulk == nil }
-
-// admit returns the batch to start now, if any, and the items left waiting, in order.
-func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem) {
-	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
-	switch {
-	case len(items) == 0 || l.urgent != nil || (l.bulk != nil && l.urgentTime > l.bulkTime):
-		return nil, items
-	case l.bulk == nil:
-		return takeBatch(items, l.budget, l.spread, l.busy, info)
+// running counts the batches under way; bulk those of them without a first chunk in the lead.
+func (l *flowLanes) running() (all, bulk int) {
+	for _, r := range l.runs {
+		if r != nil {
+			all++
+			if !r.urgent() {
+				bulk++
+			}
+		}
 	}
-	// Only first chunks may overtake the batch under way.
+	return all, bulk
+}
+
+// admit returns the batch to start now, if any, the worker to start it on, and the items left
+// waiting, in order.
+func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem, worker int) {
+	worker = slices.Index(l.runs, nil)
+	if len(items) == 0 || worker < 0 {
+		return nil, items, -1
+	}
+	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
+	if _, bulk := l.running(); len(l.runs) == 1 || bulk < len(l.runs)-1 {
+		take, rest = takeBatch(items, l.budget, l.spread, l.busy, info)
+		return take, rest, worker
+	}
+	// The last free worker is kept for first chunks.
 	var first, later []*flowItem
 	for _, it := range items {
 		if it.first {
@@ -481,121 +500,87 @@ func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem) {
 		}
 	}
 	take, first = takeBatch(first, l.budget, l.spread, l.busy, info)
-	return take, append(first, later...)
+	return take, append(first, later...), worker
 }
 
-// add puts a started batch in its lane: urgent if it leads with a first chunk.
+// add records a started batch on its worker.
 func (l *flowLanes) add(r *flowRun) {
 	for _, it := range r.items {
 		l.busy[it.s] = true
 	}
-	if r.items[0].first {
-		l.urgent = r
-		l.urgentTime += r.busy
-		return
-	}
-	l.bulk = r
-	l.urgentTime, l.bulkTime = 0, r.busy
+	l.runs[r.worker] = r
 }
 
-// next is the batch to advance: the urgent one while there is one.
-func (l *flowLanes) next() *flowRun {
-	if l.urgent != nil {
-		return l.urgent
-	}
-	return l.bulk
-}
-
-// ran records d spent on r.
-func (l *flowLanes) ran(r *flowRun, d time.Duration) {
-	r.busy += d
-	if r == l.urgent {
-		l.urgentTime += d
-	} else {
-		l.bulkTime += d
-	}
-}
-
-// remove takes a finished batch out of its lane.
+// remove frees a finished batch's worker and streams.
 func (l *flowLanes) remove(r *flowRun) {
 	for _, it := range r.items {
 		delete(l.busy, it.s)
 	}
-	if r == l.urgent {
-		l.urgent = nil
-	}
-	if r == l.bulk {
-		l.bulk = nil
-	}
+	l.runs[r.worker] = nil
 }
 
-// flowLoop turns chunks into mel, one Euler step of one batch per turn (flowLanes picks which).
+// flowLoop starts batches of chunks on the flow workers as they free up, and hands each
+// finished batch to the vocoder. It alone touches the lanes and the streams' flow state.
 func (e *Engine) flowLoop() {
 	defer e.wg.Done()
-	lanes := newFlowLanes(e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken)
-	end := func(r *flowRun, err error) {
-		lanes.remove(r)
-		e.countFor(stageFlow, len(r.items), r.busy)
-		e.flowDone(r, err)
-	}
-	defer func() {
-		for _, r := range []*flowRun{lanes.urgent, lanes.bulk} {
-			if r != nil {
-				end(r, errors.New("engine is shut down"))
-			}
-		}
-	}()
+	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken)
+	finished := make(chan *flowRun)
+	ready := e.flowQ.ready
+	var waiting []*flowItem
 	for {
-		var items []*flowItem
-		ok := true
-		if lanes.idle() {
-			items, ok = e.flowQ.popAll()
-		} else {
-			items, ok = e.flowQ.tryPopAll()
-		}
+		items, ok := e.flowQ.tryPopAll()
+		waiting = liveItems(append(waiting, items...), func(it *flowItem) *stream { return it.s })
 		if !ok {
-			return
-		}
-		take, rest := lanes.admit(liveItems(items, func(it *flowItem) *stream { return it.s }))
-		e.flowQ.pushFront(rest)
-		if len(take) > 0 {
-			if r := e.startFlow(take); r.b != nil {
-				lanes.add(r)
-			} else {
-				e.countFor(stageFlow, len(r.items), r.busy) // the encoder failed; the streams are finished
+			// Shut down: what waits fails now, batches under way at their next step.
+			for _, it := range waiting {
+				it.s.finish(errors.New("engine is shut down"))
+			}
+			waiting, ready = nil, nil
+			if all, _ := lanes.running(); all == 0 {
+				return
 			}
 		}
-		r := lanes.next()
-		if r == nil {
-			continue
+		for ok {
+			take, rest, w := lanes.admit(waiting)
+			if len(take) == 0 {
+				break
+			}
+			waiting = rest
+			r := &flowRun{items: take, worker: w}
+			lanes.add(r)
+			go e.runFlow(r, finished)
 		}
-		t0 := time.Now()
-		err := r.b.advance()
-		lanes.ran(r, time.Since(t0))
-		if err != nil || r.b.done() {
-			end(r, err)
+		select {
+		case r := <-finished:
+			lanes.remove(r)
+			e.countFor(stageFlow, len(r.items), r.busy)
+			e.flowDone(r, r.err)
+		case <-ready:
 		}
 	}
 }
 
-// startFlow runs the flow encoder for a batch; on error the batch's streams are finished and
-// the run has no flowBatch.
-func (e *Engine) startFlow(items []*flowItem) *flowRun {
+// runFlow runs a batch through the flow on its worker (the encoder, then every Euler step) and
+// sends it to done.
+func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 	R := e.p.m.Flow.FramesPerToken
-	jobs := make([]flowJob, len(items))
-	for i, it := range items {
+	jobs := make([]flowJob, len(r.items))
+	for i, it := range r.items {
 		f0 := it.firstToken * R
 		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
 	}
 	t0 := time.Now()
-	b, err := e.p.flow.start(jobs)
-	r := &flowRun{items: items, b: b, busy: time.Since(t0)}
-	if err != nil {
-		for _, it := range items {
-			it.s.finish(err)
+	r.b, r.err = e.p.flows[r.worker].start(jobs)
+	for r.err == nil && !r.b.done() {
+		select {
+		case <-e.done:
+			r.err = errors.New("engine is shut down")
+		default:
+			r.err = r.b.advance()
 		}
 	}
-	return r
+	r.busy = time.Since(t0)
+	done <- r
 }
 
 // flowDone hands a finished batch's mel to the vocoder, each chunk with the previous chunk's

@@ -102,6 +102,19 @@ func TestEngineBatchedEqualsAlone(t *testing.T) { testBatchedEqualsAlone(t, tiny
 // ahead: the audio must not change.
 func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, tinyPipeline(t), 40) }
 
+// Several flow workers run batches at once, each in its own sessions, while batches of later
+// chunks leave one worker to first chunks: the audio must not change.
+func TestEngineFlowWorkersEqualAlone(t *testing.T) {
+	p, err := loadTiny(t, map[string]string{"flow_workers": "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.flows) != 3 || p.flows[0].estimator == p.flows[1].estimator {
+		t.Fatalf("%d flow workers, want 3 with their own sessions", len(p.flows))
+	}
+	testBatchedEqualsAlone(t, p, 40)
+}
+
 // The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the longest the engine
 // makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
 func TestEngineFixedVocoderShapes(t *testing.T) {
@@ -330,70 +343,81 @@ func TestEngineStats(t *testing.T) {
 	t.Logf("%+v", e.Stats())
 }
 
-// Flow lanes: first chunks overtake a batch of later chunks under way (urgent lane), but only
-// while they have had no more of the flow's time than that batch; a stream with a chunk under
-// way waits; the urgent batch takes the steps while it runs.
+// Flow lanes: batches of later chunks hold all workers but one, which first chunks take; a
+// stream with a chunk under way waits; a single worker takes any batch.
 func TestFlowLanes(t *testing.T) {
 	a, b, c, d := &stream{}, &stream{}, &stream{}, &stream{}
 	item := func(s *stream, tokens int, first bool) *flowItem {
 		return &flowItem{s: s, tokens: make([]int64, tokens), first: first}
 	}
-	l := newFlowLanes(1000, 1.3, 2)
-	if !l.idle() {
-		t.Fatal("new lanes not idle")
+	start := func(l *flowLanes, items []*flowItem) (*flowRun, []*flowItem) {
+		t.Helper()
+		take, rest, w := l.admit(items)
+		if len(take) == 0 {
+			return nil, rest
+		}
+		if w < 0 || l.runs[w] != nil {
+			t.Fatalf("batch started on worker %d, runs %v", w, l.runs)
+		}
+		r := &flowRun{items: take, worker: w}
+		l.add(r)
+		return r, rest
 	}
+	l := newFlowLanes(2, 1000, 1.3, 2)
 	// Idle: later chunks start a bulk batch.
 	a1, b1 := item(a, 40, false), item(b, 40, false)
-	take, rest := l.admit([]*flowItem{a1, b1})
-	if len(take) != 2 || len(rest) != 0 {
-		t.Fatalf("idle: take %d, rest %d", len(take), len(rest))
+	bulk, rest := start(l, []*flowItem{a1, b1})
+	if bulk == nil || len(bulk.items) != 2 || len(rest) != 0 {
+		t.Fatalf("idle: bulk %v, rest %d", bulk, len(rest))
 	}
-	bulk := &flowRun{items: take, busy: 5 * time.Millisecond}
-	l.add(bulk)
-	if l.bulk != bulk || l.urgent != nil || l.next() != bulk {
-		t.Fatal("later chunks did not make the bulk batch")
-	}
-	l.ran(bulk, 20*time.Millisecond)
 	// A later chunk of a busy stream, another later chunk and two first chunks arrive: only the
-	// first chunks start, as the urgent batch; the rest wait in order.
+	// first chunks start, on the last worker; the rest wait in order.
 	a2, c0, x1, d0 := item(a, 40, false), item(c, 8, true), item(&stream{}, 40, false), item(d, 8, true)
-	take, rest = l.admit([]*flowItem{a2, c0, x1, d0})
-	if len(take) != 2 || take[0] != c0 || take[1] != d0 {
-		t.Fatalf("urgent take %v", take)
+	urgent, rest := start(l, []*flowItem{a2, c0, x1, d0})
+	if urgent == nil || len(urgent.items) != 2 || urgent.items[0] != c0 || urgent.items[1] != d0 || urgent.worker == bulk.worker {
+		t.Fatalf("urgent batch %+v", urgent)
 	}
 	if len(rest) != 2 || rest[0] != a2 || rest[1] != x1 {
 		t.Fatalf("urgent rest %v", rest)
 	}
-	urgent := &flowRun{items: take, busy: 3 * time.Millisecond}
-	l.add(urgent)
-	if l.next() != urgent {
-		t.Fatal("the urgent batch does not take the next step")
+	// Every worker busy: nothing starts.
+	if take, _, w := l.admit([]*flowItem{item(&stream{}, 8, true)}); len(take) != 0 || w != -1 {
+		t.Fatal("a batch started with every worker busy")
 	}
-	// While it runs nothing else starts.
-	if take, _ := l.admit([]*flowItem{item(&stream{}, 8, true)}); len(take) != 0 {
-		t.Fatal("a second urgent batch started")
-	}
-	l.ran(urgent, 40*time.Millisecond)
+	// The urgent batch ends; the bulk batch still holds all workers but one, so later chunks
+	// wait and a first chunk starts.
 	l.remove(urgent)
-	if l.next() != bulk || l.busy[c] || !l.busy[a] {
-		t.Fatal("after the urgent batch the bulk batch does not resume")
+	if l.busy[c] || !l.busy[a] {
+		t.Fatal("streams' busy marks wrong after the urgent batch")
 	}
-	// Urgent batches have had 43 ms against the bulk batch's 25: a new first chunk waits.
 	e0 := item(&stream{}, 8, true)
-	if take, _ := l.admit([]*flowItem{e0}); len(take) != 0 {
-		t.Fatal("an urgent batch starved the bulk batch")
+	r, rest := start(l, []*flowItem{a2, x1, e0})
+	if r == nil || len(r.items) != 1 || r.items[0] != e0 || len(rest) != 2 {
+		t.Fatalf("with one worker free, got %+v, rest %d", r, len(rest))
 	}
-	l.ran(bulk, 20*time.Millisecond)
-	if take, _ := l.admit([]*flowItem{e0}); len(take) != 1 {
-		t.Fatal("first chunk not admitted once the bulk batch had its share")
-	}
-	// Once the bulk batch is done, a's next chunk may run.
+	l.remove(r)
+	// Once the bulk batch is done, a's next chunk may run, with x1.
 	l.remove(bulk)
-	if !l.idle() || l.busy[a] {
-		t.Fatal("lanes not idle after both batches")
+	if all, _ := l.running(); all != 0 || l.busy[a] {
+		t.Fatal("lanes not idle after every batch")
 	}
-	if take, _ := l.admit([]*flowItem{a2}); len(take) != 1 {
+	if r, _ := start(l, []*flowItem{a2, x1}); r == nil || len(r.items) != 2 {
 		t.Fatal("a's next chunk waits with nothing under way")
+	}
+	// Three workers: two bulk batches at once.
+	l3 := newFlowLanes(3, 1000, 1.3, 2)
+	for i := 0; i < 2; i++ {
+		if r, _ := start(l3, []*flowItem{item(&stream{}, 40, false)}); r == nil {
+			t.Fatalf("bulk batch %d did not start on three workers", i+1)
+		}
+	}
+	if r, _ := start(l3, []*flowItem{item(&stream{}, 40, false)}); r != nil {
+		t.Fatal("a third bulk batch took the last worker")
+	}
+	// One worker takes any batch.
+	l1 := newFlowLanes(1, 1000, 1.3, 2)
+	if r, _ := start(l1, []*flowItem{item(&stream{}, 40, false)}); r == nil {
+		t.Fatal("one worker: later chunks did not start")
 	}
 }
 

@@ -10,12 +10,13 @@ import (
 
 // Pipeline holds the loaded stages of a staged (LM → flow → vocoder) model.
 type Pipeline struct {
-	m    *Manifest
-	rt   *runtime // the LM's
-	rt2  *runtime // the flow's and vocoder's (rt itself unless split)
-	lm   lmDecoder
-	flow *flowStage
-	voc  *vocoderStage
+	m   *Manifest
+	rt  *runtime // the LM's
+	rt2 *runtime // the flow's and vocoder's (rt itself unless split)
+	lm  lmDecoder
+	// flows are the flow's workers, each with its own sessions (see flowLanes).
+	flows []*flowStage
+	voc   *vocoderStage
 }
 
 // LoadPipeline loads the manifest's graphs on the configured provider, all on device 0.
@@ -43,10 +44,14 @@ func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, e
 	if err = iobind.Init(cfg.ORTLibrary); err == nil {
 		p.lm, err = newLMDecoder(m, rt.lmPlacement())
 	}
-	if err == nil {
-		if p.flow, err = newFlowStage(p.rt2, m); err == nil {
-			p.voc, err = newVocoderStage(p.rt2, m)
+	for w := 0; err == nil && w < p.rt2.flowWorkers; w++ {
+		var f *flowStage
+		if f, err = newFlowStage(p.rt2, m); err == nil {
+			p.flows = append(p.flows, f)
 		}
+	}
+	if err == nil {
+		p.voc, err = newVocoderStage(p.rt2, m)
 	}
 	if err != nil {
 		p.Close()
@@ -64,8 +69,8 @@ func (p *Pipeline) Close() error {
 	if p.lm != nil {
 		p.lm.close()
 	}
-	if p.flow != nil {
-		errs = append(errs, p.flow.encoder.Destroy(), p.flow.estimator.Destroy())
+	for _, f := range p.flows {
+		errs = append(errs, f.encoder.Destroy(), f.estimator.Destroy())
 	}
 	if p.voc != nil {
 		errs = append(errs, p.voc.close())

@@ -32,7 +32,10 @@ type runtime struct {
 	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
 	// vocoder_batches); none: one session takes every shape.
 	vocoderBatches []int
-	library        string
+	// flowWorkers is the number of flow batches that run at once, each in its own sessions
+	// (provider option flow_workers).
+	flowWorkers int
+	library     string
 }
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
@@ -47,7 +50,8 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			return nil, fmt.Errorf("onnxruntime: cannot load %s: %w", cfg.ORTLibrary, err)
 		}
 	}
-	r := &runtime{lmPriority: true, provider: cfg.Provider, device: device, library: cfg.ORTLibrary}
+	r := &runtime{lmPriority: true, provider: cfg.Provider, device: device, library: cfg.ORTLibrary, flowWorkers: 1}
+	flowSet := false
 	rest := map[string]string{}
 	vocSet := false
 	for k, v := range cfg.ProviderOptions {
@@ -68,6 +72,12 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 				return nil, fmt.Errorf("provider option lm_stream_priority: %q is not high or normal", v)
 			}
 			r.lmPriority = v == "high"
+		case "flow_workers":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 8 {
+				return nil, fmt.Errorf("provider option flow_workers: %q is not a number of workers from 1 to 8", v)
+			}
+			r.flowWorkers, flowSet = n, true
 		case "intra_op_num_threads":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
@@ -106,6 +116,10 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		if !vocSet {
 			// A vocoder fed chunks of every length changes shape on nearly every run.
 			r.vocoderBatches = []int{1, 4, 16}
+		}
+		if !flowSet {
+			// Measured on an H100 (docs/benchmarks/RESULTS.md, session 8).
+			r.flowWorkers = 2
 		}
 	default:
 		return nil, fmt.Errorf("provider %q is not one of cpu, cuda", cfg.Provider)
