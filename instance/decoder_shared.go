@@ -2,6 +2,7 @@ package instance
 
 import (
 	"fmt"
+	goruntime "runtime"
 
 	"github.com/voxmux/voxmux/instance/iobind"
 )
@@ -25,14 +26,20 @@ type lmDecoder interface {
 	close()
 }
 
-func newLMDecoder(m *Manifest, place iobind.Placement) (lmDecoder, error) {
+// newLMDecoder opens the LM. graphRows > 0 runs its decode steps in fixed shapes for up to that
+// many sequences at once, as CUDA graphs where place asks for them (lm_cuda_graph); only the
+// shared cache contract has fixed-shape steps.
+func newLMDecoder(m *Manifest, place iobind.Placement, graphRows int) (lmDecoder, error) {
 	// On error a nil interface, never a nil pointer in one.
 	if m.LM.Cache == "shared" {
-		d, err := newSharedDecoder(m, place)
+		d, err := newSharedDecoder(m, place, graphRows)
 		if err != nil {
 			return nil, err
 		}
 		return d, nil
+	}
+	if graphRows > 0 {
+		return nil, fmt.Errorf("provider option lm_cuda_graph needs an LM with lm.cache: shared (%s has %q)", m.Name, m.LM.Cache)
 	}
 	d, err := newDecoder(m, place)
 	if err != nil {
@@ -70,11 +77,58 @@ type sharedDecoder struct {
 	ids     string
 	seqlens string
 	total   string
+	// g is set when decode steps run as CUDA graphs.
+	g *lmGraphs
 }
 
-func newSharedDecoder(m *Manifest, place iobind.Placement) (*sharedDecoder, error) {
-	s, err := iobind.Open(m.Path(m.LM.File), place)
+// lmGraphs hold what decode steps as CUDA graphs (lm_cuda_graph) need. A graph replays the
+// kernels ONNX Runtime launched for one shape at the addresses it saw, so a step of n rows runs
+// the graph of the smallest bucket of at least n rows (the rows past n are free slots, which
+// write a placeholder at their position 0), over inputs and outputs of that bucket's own that
+// stay put, and the cache is sized once for the most rows and never moves. The graphs are
+// captured at load. ONNX Runtime keeps a session's graphs per OS thread, so every run of the
+// session goes through one locked thread.
+type lmGraphs struct {
+	buckets []int // rising; the last is the cache's slot count
+	// Per bucket: the step's inputs and logits on the device, and the cache over its slots.
+	ids, seqlens, logits []*iobind.Tensor
+	cache                [][]*iobind.Tensor
+	total                *iobind.Tensor // host scalar: max_positions, as every graph was captured with
+	thread               *osThread
+}
+
+// lmBuckets are the graphs' batch sizes up to the first at least rows: powers of two to 8, then
+// steps of ×1.5 and ×4/3 (16, 24, 32, 48, ...), so padding stays under half a step's rows.
+func lmBuckets(rows int) []int {
+	var out []int
+	for b := 1; ; {
+		out = append(out, b)
+		if b >= rows {
+			return out
+		}
+		switch {
+		case b < 16:
+			b *= 2
+		case b&(b-1) == 0:
+			b += b / 2
+		default:
+			b = b / 3 * 4
+		}
+	}
+}
+
+func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int) (*sharedDecoder, error) {
+	var thread *osThread
+	if graphRows > 0 {
+		thread = newOSThread()
+	}
+	var s *iobind.Session
+	err := thread.do(func() (err error) {
+		s, err = iobind.Open(m.Path(m.LM.File), place)
+		return err
+	})
 	if err != nil {
+		thread.close()
 		return nil, fmt.Errorf("lm: %w", err)
 	}
 	d := &sharedDecoder{m: m, s: s, elem: iobind.Float32, maxPos: m.LM.MaxPositions,
@@ -84,7 +138,106 @@ func newSharedDecoder(m *Manifest, place iobind.Placement) (*sharedDecoder, erro
 		d.elem = iobind.Float16
 	}
 	d.ins, d.outs = cacheNames(m)
+	if graphRows > 0 {
+		d.g = &lmGraphs{buckets: lmBuckets(graphRows), thread: thread}
+		if err := d.capture(); err != nil {
+			d.close()
+			return nil, fmt.Errorf("lm: CUDA graphs: %w", err)
+		}
+	}
 	return d, nil
+}
+
+// capture sizes the cache for the largest bucket, makes every bucket's tensors and runs each
+// bucket's step three times: ONNX Runtime captures a graph after two ordinary runs with its ID.
+// No sequence is in the cache yet, so what the runs write there is never read.
+func (d *sharedDecoder) capture() error {
+	g := d.g
+	if err := d.grow(g.buckets[len(g.buckets)-1]); err != nil {
+		return err
+	}
+	V := int64(d.m.LM.SpeechVocab + 1)
+	var err error
+	if g.total, err = iobind.Host([]int64{}, []int32{int32(d.maxPos)}); err != nil {
+		return err
+	}
+	for _, b := range g.buckets {
+		B := int64(b)
+		ids, err := d.s.Alloc([]int64{B, 1}, iobind.Int64)
+		if err != nil {
+			return err
+		}
+		g.ids = append(g.ids, ids)
+		seqlens, err := d.s.Alloc([]int64{B}, iobind.Int32)
+		if err != nil {
+			return err
+		}
+		g.seqlens = append(g.seqlens, seqlens)
+		logits, err := d.s.AllocEmpty([]int64{B, 1, V}, iobind.Float32)
+		if err != nil {
+			return err
+		}
+		g.logits = append(g.logits, logits)
+		cache, err := d.views(0, b)
+		if err != nil {
+			return err
+		}
+		g.cache = append(g.cache, cache)
+	}
+	for i := range g.buckets {
+		for range 3 {
+			if err := d.replay(i); err != nil {
+				return fmt.Errorf("batch of %d: %w", g.buckets[i], err)
+			}
+		}
+	}
+	return nil
+}
+
+// replay runs bucket i's step over the inputs already in its tensors, into its logits.
+func (d *sharedDecoder) replay(i int) error {
+	g := d.g
+	in := map[string]*iobind.Tensor{d.ids: g.ids[i], d.seqlens: g.seqlens[i], d.total: g.total}
+	outs := []iobind.Output{{Name: d.logits, Into: g.logits[i]}}
+	for j, v := range g.cache[i] {
+		in[d.ins[j]] = v
+		outs = append(outs, iobind.Output{Name: d.outs[j], Into: v})
+	}
+	return g.thread.do(func() error {
+		res, err := d.s.RunGraph(in, outs, i+1)
+		release(res)
+		return err
+	})
+}
+
+// stepGraph is step's run as the graph of the smallest bucket of at least n rows.
+func (d *sharedDecoder) stepGraph(n int, ids []int64, seqlens []int32) ([]float32, error) {
+	g := d.g
+	i := 0
+	for i < len(g.buckets) && g.buckets[i] < n {
+		i++
+	}
+	if i == len(g.buckets) {
+		return nil, fmt.Errorf("lm: a step of %d sequences is over the %d the CUDA graphs were made for", n, g.buckets[len(g.buckets)-1])
+	}
+	b := g.buckets[i]
+	ids = append(ids, make([]int64, b-n)...)
+	seqlens = append(seqlens, make([]int32, b-n)...)
+	if err := iobind.Upload(g.ids[i], ids); err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	if err := iobind.Upload(g.seqlens[i], seqlens); err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	if err := d.replay(i); err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	V := d.m.LM.SpeechVocab + 1
+	logits := make([]float32, b*V)
+	if err := iobind.Download(logits, g.logits[i]); err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	return logits[:n*V], nil
 }
 
 func (d *sharedDecoder) limit() int { return d.maxPos }
@@ -105,11 +258,37 @@ func (d *sharedDecoder) used() (live, top int) {
 }
 
 func (d *sharedDecoder) close() {
-	d.release()
-	d.s.Close()
+	if g := d.g; g != nil {
+		release(g.ids)
+		release(g.seqlens)
+		release(g.logits)
+		for _, c := range g.cache {
+			release(c)
+		}
+		g.total.Release()
+	}
+	release(d.kv)
+	d.kv, d.slots = nil, nil
+	t := d.thread()
+	t.do(func() error { d.s.Close(); return nil })
+	t.close()
 }
 
+// thread is the OS thread the session runs on: nil (any) without CUDA graphs.
+func (d *sharedDecoder) thread() *osThread {
+	if d.g == nil {
+		return nil
+	}
+	return d.g.thread
+}
+
+// release frees what the sequences hold. With CUDA graphs the cache stays (the graphs write
+// into it); its slots are freed.
 func (d *sharedDecoder) release() {
+	if d.g != nil {
+		clear(d.slots)
+		return
+	}
 	release(d.kv)
 	d.kv, d.slots = nil, nil
 }
@@ -125,9 +304,16 @@ func (d *sharedDecoder) grow(n int) error {
 	if n <= len(d.slots) {
 		return nil
 	}
+	if d.g != nil && len(d.kv) > 0 {
+		// The graphs hold the cache's address.
+		return fmt.Errorf("lm: %d sequences need more than the %d slots the CUDA graphs were made for", n, len(d.slots))
+	}
 	c := max(8, len(d.slots))
 	for c < n {
 		c *= 2
+	}
+	if d.g != nil {
+		c = n // exactly the largest graph's rows
 	}
 	H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
 	next := make([]*iobind.Tensor, len(d.ins))
@@ -207,7 +393,15 @@ func (d *sharedDecoder) runOn(cache []*iobind.Tensor, B, T int, ids []int64, seq
 		in[d.ins[i]] = v
 		outs = append(outs, iobind.Output{Name: d.outs[i], Into: v})
 	}
-	res, err := d.s.Run(in, outs)
+	var res []*iobind.Tensor
+	err := d.thread().do(func() (err error) {
+		if d.g != nil {
+			res, err = d.s.RunGraph(in, outs, iobind.NoGraph)
+		} else {
+			res, err = d.s.Run(in, outs)
+		}
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("lm: %w", err)
 	}
@@ -235,6 +429,13 @@ func (d *sharedDecoder) freeRun(n int) (int, error) {
 		if run++; run == n {
 			return i + 1 - n, nil
 		}
+	}
+	if d.g != nil && top+n > len(d.slots) {
+		// The cache cannot grow: move every row down first.
+		if err := d.compactAll(); err != nil {
+			return 0, err
+		}
+		_, top = d.used()
 	}
 	return top, d.grow(top + n)
 }
@@ -316,7 +517,13 @@ func (d *sharedDecoder) step(rows []*lmRow, tokens []int64) ([][]float32, error)
 		}
 		ids[r.slot] = tokens[i]
 	}
-	logits, err := d.run(0, n, 1, ids, seqlens)
+	var logits []float32
+	var err error
+	if d.g != nil {
+		logits, err = d.stepGraph(n, ids, seqlens)
+	} else {
+		logits, err = d.run(0, n, 1, ids, seqlens)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -344,6 +551,12 @@ func (d *sharedDecoder) compact() error {
 	if top <= live+live/8 {
 		return nil
 	}
+	return d.compactAll()
+}
+
+// compactAll moves every row above the number of rows down into free slots.
+func (d *sharedDecoder) compactAll() error {
+	live, top := d.used()
 	H := int64(d.m.LM.KVHeads)
 	pitch := int64(d.maxPos) * d.posBytes()
 	free := 0
@@ -368,4 +581,35 @@ func (d *sharedDecoder) compact() error {
 		return fmt.Errorf("lm: compact: %w", err)
 	}
 	return nil
+}
+
+// osThread runs functions on one locked OS thread; a nil osThread runs them on the caller's.
+type osThread struct{ calls chan func() }
+
+func newOSThread() *osThread {
+	t := &osThread{calls: make(chan func())}
+	go func() {
+		goruntime.LockOSThread() // for good: the thread ends with the goroutine
+		for f := range t.calls {
+			f()
+		}
+	}()
+	return t
+}
+
+func (t *osThread) do(f func() error) error {
+	if t == nil {
+		return f()
+	}
+	var err error
+	done := make(chan struct{})
+	t.calls <- func() { err = f(); close(done) }
+	<-done
+	return err
+}
+
+func (t *osThread) close() {
+	if t != nil {
+		close(t.calls)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,17 +12,25 @@ import (
 )
 
 // newTestDecoder loads the tiny model's LM with the given cache contract: "concat" (lm.onnx) or
-// "shared" (lm_shared.onnx, the same weights).
+// "shared" (lm_shared.onnx, the same weights), or "graph": shared, with decode steps of fixed
+// shapes as lm_cuda_graph runs them (on the CPU, without the graphs themselves) for up to 3 rows.
 func newTestDecoder(t *testing.T, cache string) lmDecoder {
+	return newTestDecoderRows(t, cache, 3)
+}
+
+func newTestDecoderRows(t *testing.T, cache string, graphRows int) lmDecoder {
 	t.Helper()
 	p := tinyPipeline(t) // initialises ONNX Runtime and iobind
 	t.Cleanup(func() { p.Close() })
 	m := *p.m
 	m.LM.Cache, m.LM.MaxPositions, m.LM.File = "concat", 0, "lm.onnx"
-	if cache == "shared" {
+	if cache != "concat" {
 		m.LM.Cache, m.LM.MaxPositions, m.LM.File = "shared", 96, "lm_shared.onnx"
 	}
-	d, err := newLMDecoder(&m, iobind.Placement{})
+	if cache != "graph" {
+		graphRows = 0
+	}
+	d, err := newLMDecoder(&m, iobind.Placement{}, graphRows)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +50,7 @@ func maxDiff(a, b []float32) float64 {
 // prompts (the cache grows under it), rows leaving, and compaction (its real positions move).
 func TestDecoderRowsAreIndependent(t *testing.T) {
 	var want [][]float32 // B alone, concat cache: both contracts must give it
-	for _, cache := range []string{"concat", "shared"} {
+	for _, cache := range []string{"concat", "shared", "graph"} {
 		t.Run(cache, func(t *testing.T) {
 			got := decodeBesideOthers(t, cache)
 			if want == nil {
@@ -177,7 +186,7 @@ func TestSharedCacheLimit(t *testing.T) {
 // Prompts of different lengths prefilled in one padded run, then decoded together, give what
 // each gives alone.
 func TestDecoderJoinTogether(t *testing.T) {
-	for _, cache := range []string{"concat", "shared"} {
+	for _, cache := range []string{"concat", "shared", "graph"} {
 		t.Run(cache, func(t *testing.T) {
 			m := tinyManifest(t)
 			want := decodeAlone(t, cache)
@@ -203,6 +212,68 @@ func TestDecoderJoinTogether(t *testing.T) {
 	}
 }
 
+// With CUDA graphs the cache never grows: a join that finds no room above the highest row moves
+// every row down first, and the rows moved decode on as before; past the slots the graphs were
+// made for, a join fails with the reason.
+func TestGraphCacheCompactsToMakeRoom(t *testing.T) {
+	if got := lmBuckets(256); !slices.Equal(got, []int{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
+		t.Errorf("buckets for 256 rows: %v", got)
+	}
+	if got := lmBuckets(3); !slices.Equal(got, []int{1, 2, 4}) {
+		t.Errorf("buckets for 3 rows: %v", got)
+	}
+	m := tinyManifest(t)
+	want := decodeAlone(t, "graph")
+	d := newTestDecoderRows(t, "graph", 3) // 4 slots
+	a, _, err := d.join([][]int64{m.Tokenize(testPromptA)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, got0, err := d.join([][]int64{m.Tokenize(testPromptB)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := [][]float32{got0[0]}
+	c, _, err := d.join([][]int64{m.Tokenize(testPromptA)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(rows []*lmRow, i int) {
+		t.Helper()
+		toks := make([]int64, len(rows))
+		for j := range toks {
+			toks[j] = int64(300 + j)
+		}
+		toks[0] = testTokens[i]
+		l, err := d.step(rows, toks)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l[0])
+	}
+	step([]*lmRow{b[0], a[0], c[0]}, 0)
+	// a leaves slot 0 free: two new rows fit only once b and c have moved down.
+	d.leave(a[0])
+	two, _, err := d.join([][]int64{m.Tokenize(testPromptA), m.Tokenize(testPromptA)})
+	if err != nil {
+		t.Fatalf("join into a full cache after compaction: %v", err)
+	}
+	if c[0].slot != 0 || b[0].slot != 1 || two[0].slot != 2 || two[1].slot != 3 {
+		t.Errorf("slots after compaction: c %d, b %d, new %d and %d; want 0, 1, 2, 3", c[0].slot, b[0].slot, two[0].slot, two[1].slot)
+	}
+	for i := 1; i < len(testTokens); i++ {
+		step([]*lmRow{b[0], c[0], two[0], two[1]}, i)
+	}
+	for i := range want {
+		if w := maxDiff(want[i], got[i]); w > 1e-4 {
+			t.Errorf("step %d: logits differ from alone by %g", i, w)
+		}
+	}
+	if _, _, err := d.join([][]int64{m.Tokenize(testPromptA)}); err == nil || !strings.Contains(err.Error(), "slots the CUDA graphs were made for") {
+		t.Errorf("a fifth row in four slots: %v", err)
+	}
+}
+
 // lm_stream_priority is voxmux's own provider option: a bad value names the key, and the CPU
 // provider accepts it (it only matters on CUDA).
 func TestLMStreamPriorityOption(t *testing.T) {
@@ -212,7 +283,7 @@ func TestLMStreamPriorityOption(t *testing.T) {
 			t.Errorf("lm_stream_priority %q: err %v", v, err)
 		}
 		if r != nil {
-			if r.lmPlacement().HighPriority {
+			if r.lmPlacement(false).HighPriority {
 				t.Errorf("lm_stream_priority %q on the CPU provider asks for a CUDA stream", v)
 			}
 			r.close()

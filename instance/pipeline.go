@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -42,7 +43,12 @@ func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, e
 		}
 	}
 	if err = iobind.Init(cfg.ORTLibrary); err == nil {
-		p.lm, err = newLMDecoder(m, rt.lmPlacement())
+		graphRows, mode := 0, rt.lmGraphMode(m)
+		if mode != "off" {
+			// One slot per request the instance takes at once (the router's max_inflight).
+			graphRows = cmp.Or(cfg.MaxInflight, 256)
+		}
+		p.lm, err = newLMDecoder(m, rt.lmPlacement(mode == "on"), graphRows)
 	}
 	for w := 0; err == nil && w < p.rt2.flowWorkers; w++ {
 		var f *flowStage

@@ -35,7 +35,11 @@ type runtime struct {
 	// flowWorkers is the number of flow batches that run at once, each in its own sessions
 	// (provider option flow_workers).
 	flowWorkers int
-	library     string
+	// lmGraph is provider option lm_cuda_graph: "on" runs the LM's decode steps as CUDA graphs,
+	// "fixed" in the graphs' fixed shapes without capturing them (to tell the graphs' effect on
+	// results from the shapes'), "off" as ONNX Runtime runs any graph; empty: lmGraphMode decides.
+	lmGraph string
+	library string
 }
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
@@ -72,6 +76,11 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 				return nil, fmt.Errorf("provider option lm_stream_priority: %q is not high or normal", v)
 			}
 			r.lmPriority = v == "high"
+		case "lm_cuda_graph":
+			if v != "on" && v != "off" && v != "fixed" {
+				return nil, fmt.Errorf("provider option lm_cuda_graph: %q is not on, off or fixed", v)
+			}
+			r.lmGraph = v
 		case "flow_workers":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 8 {
@@ -269,11 +278,25 @@ func (r *runtime) placement() iobind.Placement {
 	return iobind.Placement{CUDA: r.provider == "cuda", Device: r.device, ProviderOptions: r.cudaOpts}
 }
 
+// lmGraphMode is lm_cuda_graph for m's LM: as configured, else on where the graphs can run (CUDA,
+// the shared cache), since they made the decode step 2-3× faster (docs/benchmarks/RESULTS.md).
+func (r *runtime) lmGraphMode(m *Manifest) string {
+	switch {
+	case r.lmGraph != "":
+		return r.lmGraph
+	case r.provider == "cuda" && m.LM.Cache == "shared":
+		return "on"
+	}
+	return "off"
+}
+
 // lmPlacement is where the LM runs: its decode steps are short and on the path of every stream,
 // so on CUDA they go ahead of the flow's and vocoder's long batches unless configured otherwise.
-func (r *runtime) lmPlacement() iobind.Placement {
+// graphs: the steps run as CUDA graphs (lm_cuda_graph on).
+func (r *runtime) lmPlacement(graphs bool) iobind.Placement {
 	p := r.placement()
 	p.HighPriority = p.CUDA && r.lmPriority
+	p.CUDAGraph = p.CUDA && graphs
 	p.Profile = r.profilePrefix("lm")
 	return p
 }

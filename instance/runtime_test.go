@@ -57,3 +57,37 @@ func TestFlowWorkersOption(t *testing.T) {
 		r.close()
 	}
 }
+
+// lm_cuda_graph takes on or off, and needs the LM's shared cache contract: the tiny model's
+// default LM concatenates its cache, so asking for graphs fails its load with the reason.
+func TestLMCUDAGraphOption(t *testing.T) {
+	if _, err := loadTiny(t, map[string]string{"lm_cuda_graph": "yes"}); err == nil || !strings.Contains(err.Error(), `provider option lm_cuda_graph: "yes" is not on, off or fixed`) {
+		t.Errorf("lm_cuda_graph yes: %v", err)
+	}
+	if _, err := loadTiny(t, map[string]string{"lm_cuda_graph": "on"}); err == nil || !strings.Contains(err.Error(), "lm_cuda_graph needs an LM with lm.cache: shared") {
+		t.Errorf("lm_cuda_graph on with the concat cache: %v", err)
+	}
+	p, err := loadTiny(t, map[string]string{"lm_cuda_graph": "off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	// Unset, the graphs run wherever they can: CUDA and the shared cache.
+	shared, concat := &Manifest{}, &Manifest{}
+	shared.LM.Cache, concat.LM.Cache = "shared", "concat"
+	for _, c := range []struct {
+		r    runtime
+		m    *Manifest
+		want string
+	}{
+		{runtime{provider: "cuda"}, shared, "on"},
+		{runtime{provider: "cuda"}, concat, "off"},
+		{runtime{provider: "cpu"}, shared, "off"},
+		{runtime{provider: "cuda", lmGraph: "off"}, shared, "off"},
+		{runtime{provider: "cuda", lmGraph: "fixed"}, shared, "fixed"},
+	} {
+		if got := c.r.lmGraphMode(c.m); got != c.want {
+			t.Errorf("provider %s, option %q, cache %s: lm_cuda_graph %s, want %s", c.r.provider, c.r.lmGraph, c.m.LM.Cache, got, c.want)
+		}
+	}
+}

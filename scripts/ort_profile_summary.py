@@ -31,7 +31,12 @@ def load(path, prefix):
     start = datetime.datetime.strptime(m["date"] + " " + m["time"], "%Y-%m-%d %H-%M-%S").timestamp() * 1e6
     start += int(m["ms"] or 0) * 1000
     with open(path) as f:
-        events = json.load(f)
+        try:
+            events = json.load(f)
+        except json.JSONDecodeError as e:
+            # A session still running when its process was stopped leaves its profile unfinished.
+            print("skipping %s: not a whole profile (%s)" % (path, e), file=sys.stderr)
+            return None
     runs, nodes = [], []
     for e in events:
         if e.get("ph") != "X":

@@ -12,8 +12,12 @@ ort=${ORT_DIR:-$repo/third_party/onnxruntime}
 logs=${LOGS:-/tmp/voxmux-verify}
 mkdir -p "$logs"
 
-wait_ready() { # url seconds
-  for _ in $(seq 1 $(($2 * 10))); do curl -sf "$1/readyz" >/dev/null && return 0; sleep 0.1; done
+wait_ready() { # url seconds [pid]: gives up early once the server (pid) has exited
+  for _ in $(seq 1 $(($2 * 10))); do
+    curl -sf "$1/readyz" >/dev/null && return 0
+    [ -n "${3:-}" ] && ! kill -0 "$3" 2>/dev/null && return 1
+    sleep 0.1
+  done
   return 1
 }
 
@@ -29,7 +33,7 @@ groups:
 YAML
   "$bin" serve --config "$logs/tiny.yaml" > "$logs/tiny.log" 2>&1 &
   pid=$!
-  wait_ready http://127.0.0.1:18080 120 || { echo "not ready"; tail -20 "$logs/tiny.log"; kill $pid; return 1; }
+  wait_ready http://127.0.0.1:18080 120 $pid || { echo "not ready"; tail -20 "$logs/tiny.log"; kill $pid; return 1; }
   grep -o '"msg":"instance ready"[^}]*' "$logs/tiny.log" | head -2
   curl -s 127.0.0.1:18080/v1/audio/speech -d '{"model":"tiny","input":"Hello world.","voice":"default","response_format":"wav"}' -o "$logs/out.wav" -w 'HTTP %{http_code}, %{size_download} bytes, first byte after %{time_starttransfer}s\n'
   python3 -c "import wave,sys; w=wave.open(sys.argv[1]); print('WAV', w.getframerate(), 'Hz,', w.getnchannels(), 'channel,', len(w.readframes(10**9))//2/w.getframerate(), 's')" "$logs/out.wav"
@@ -59,7 +63,7 @@ groups:
 YAML
   CUDA_VISIBLE_DEVICES=3 "$bin" serve --config "$logs/groups.yaml" > "$logs/groups.log" 2>&1 &
   pid=$!
-  wait_ready http://127.0.0.1:18081 180 || { echo "not ready"; tail -20 "$logs/groups.log"; kill $pid; return 1; }
+  wait_ready http://127.0.0.1:18081 180 $pid || { echo "not ready"; tail -20 "$logs/groups.log"; kill $pid; return 1; }
   sleep 1
   echo "(serve itself was started with CUDA_VISIBLE_DEVICES=3)"
   "$bin" ctl --admin 127.0.0.1:19091 --token verify groups
@@ -96,8 +100,8 @@ bench() {
   vpid=$!
   python3 "$repo/scripts/baseline_server.py" --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
   bpid=$!
-  wait_ready http://127.0.0.1:8080 300 || { echo "voxmux not ready"; tail -20 "$logs/big.log"; kill $vpid $bpid; return 1; }
-  wait_ready http://127.0.0.1:8081 300 || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; kill $vpid $bpid; return 1; }
+  wait_ready http://127.0.0.1:8080 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/big.log"; kill $vpid $bpid; return 1; }
+  wait_ready http://127.0.0.1:8081 300 $bpid || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; kill $vpid $bpid; return 1; }
   "$bin" bench --url http://127.0.0.1:8080 --compare http://127.0.0.1:8081 --compare-concurrency ${BASE_LEVELS:-1,4,8} \
     --concurrency ${LEVELS:-1,4,8,16,32,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
@@ -131,7 +135,7 @@ serve_bench() { # name port groups levels label out
   bigcfg "$1" "127.0.0.1:$2" "$3"
   "$bin" serve --config "$logs/$1.yaml" > "$logs/$1.log" 2>&1 &
   local pid=$!
-  wait_ready "http://127.0.0.1:$2" 300 || { echo "not ready"; tail -20 "$logs/$1.log"; kill $pid; return 1; }
+  wait_ready "http://127.0.0.1:$2" 300 $pid || { echo "not ready"; tail -20 "$logs/$1.log"; kill $pid; return 1; }
   "$bin" bench --url "http://127.0.0.1:$2" --concurrency "$4" --duration-per-level ${DUR:-12s} --warmup 4 \
     --format pcm --quiet --label "$5" --out "$6"
   kill -TERM $pid; wait $pid
@@ -146,14 +150,20 @@ sweep() {
 
 # The same request to each export in $MODELS (model folders), one server after the other: prints
 # each one's audio difference from the first's (exports that should compute the same thing).
+# With OPTIONS (provider_options maps separated by ";", e.g. '{lm_cuda_graph: "off"};{lm_cuda_graph: "on"}'),
+# each export is served once with each.
 compare() {
   local first="" text='The quick brown fox jumps over the lazy dog, and then it runs far away into the forest.'
-  for m in ${MODELS:?set MODELS to two or more model folders}; do
+  local sets=() i
+  IFS=';' read -r -a sets <<< "${OPTIONS:-{\}}"
+  for m in ${MODELS:?set MODELS to one or more model folders}; do
+   for i in "${!sets[@]}"; do
     local name; name=$(basename "$m")
-    BIG=$m bigcfg compare 127.0.0.1:8060 "  - {name: gpu0, gpus: [0]}"
+    [ ${#sets[@]} -gt 1 ] && name=$name-$i
+    BIG=$m bigcfg compare 127.0.0.1:8060 "  - {name: gpu0, gpus: [0], provider_options: ${sets[$i]}}"
     "$bin" serve --config "$logs/compare.yaml" > "$logs/compare-$name.log" 2>&1 &
     local pid=$!
-    wait_ready http://127.0.0.1:8060 300 || { echo "not ready: $m"; tail -20 "$logs/compare-$name.log"; kill $pid; return 1; }
+    wait_ready http://127.0.0.1:8060 300 $pid || { echo "not ready: $m"; tail -20 "$logs/compare-$name.log"; kill $pid; return 1; }
     curl -s 127.0.0.1:8060/v1/audio/speech -d "{\"input\":\"$text\",\"response_format\":\"pcm\"}" -o "$logs/compare-$name.pcm"
     kill -TERM $pid; wait $pid
     if [ -z "$first" ]; then first=$name; continue; fi
@@ -175,6 +185,7 @@ print("%s against %s: %d and %d samples, largest difference %.4g, rms difference
       % (sys.argv[4], sys.argv[3], len(b), len(a), max(map(abs, d), default=0.0),
          math.sqrt(sum(v * v for v in d) / max(n, 1)) / ref))
 PY
+   done
   done
 }
 

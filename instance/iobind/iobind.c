@@ -177,8 +177,16 @@ char* vx_bind_output_host(OrtIoBinding* b, const char* name) {
 	return status(api->BindOutputToDevice(b, name, host_mem), name);
 }
 
-char* vx_run(OrtSession* s, OrtIoBinding* b, OrtValue*** outs, size_t* n) {
-	char* e = status(api->RunWithBinding(s, NULL, b), "run");
+char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, OrtValue*** outs, size_t* n) {
+	OrtRunOptions* ro = NULL;
+	char* e = NULL;
+	if (graph_id) {
+		e = status(api->CreateRunOptions(&ro), "CreateRunOptions");
+		if (!e) e = status(api->AddRunConfigEntry(ro, "gpu_graph_id", graph_id), "run option gpu_graph_id");
+		if (e) { if (ro) api->ReleaseRunOptions(ro); return e; }
+	}
+	e = status(api->RunWithBinding(s, ro, b), "run");
+	if (ro) api->ReleaseRunOptions(ro);
 	if (e) return e;
 	if ((e = status(api->SynchronizeBoundOutputs(b), "SynchronizeBoundOutputs"))) return e;
 	OrtAllocator* a = NULL;
@@ -252,6 +260,15 @@ char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src,
 	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
 	// Only queued: the caller waits with vx_sync before the next ONNX Runtime run reads it.
 	return cuda_end(NULL, mode, e);
+}
+
+char* vx_copy_across(int device, void* dst, const void* src, size_t bytes) {
+	if (bytes == 0) return NULL;
+	void* stream = NULL;
+	int mode;
+	char* e = cuda_begin(device, &stream, &mode);
+	if (!e) e = cuda_check(cu_memcpy2d(dst, bytes, src, bytes, bytes, 1, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
+	return cuda_end(stream, mode, e);
 }
 
 char* vx_sync(int device) {

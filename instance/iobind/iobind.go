@@ -81,6 +81,9 @@ type Placement struct {
 	// Profile, when set, is the path prefix of ONNX Runtime's profile of this session, written
 	// when the session is closed.
 	Profile string
+	// CUDAGraph lets runs with a graph ID (RunGraph) capture their kernels once as a CUDA graph
+	// and replay it (ONNX Runtime's enable_cuda_graph). Ignored on the CPU.
+	CUDAGraph bool
 }
 
 // Session is one model with its I/O binding. Not safe for concurrent use.
@@ -99,6 +102,9 @@ func Open(model string, p Placement) (*Session, error) {
 		opts[k] = v
 	}
 	opts["device_id"] = fmt.Sprint(p.Device)
+	if p.CUDAGraph {
+		opts["enable_cuda_graph"] = "1"
+	}
 	var keys, vals []*C.char
 	for k, v := range opts {
 		keys = append(keys, C.CString(k))
@@ -230,26 +236,8 @@ func (s *Session) View(t *Tensor, off int64, shape []int64) (*Tensor, error) {
 
 // Host makes a tensor in host memory holding a copy of data ([]int64, []int32 or []float32).
 func Host(shape []int64, data any) (*Tensor, error) {
-	var e Elem
-	var src unsafe.Pointer
-	var n int
-	switch d := data.(type) {
-	case []int64:
-		e, n = Int64, len(d)
-		if n > 0 {
-			src = unsafe.Pointer(&d[0])
-		}
-	case []float32:
-		e, n = Float32, len(d)
-		if n > 0 {
-			src = unsafe.Pointer(&d[0])
-		}
-	case []int32:
-		e, n = Int32, len(d)
-		if n > 0 {
-			src = unsafe.Pointer(&d[0])
-		}
-	default:
+	src, n, e := hostData(data)
+	if e == 0 {
 		return nil, fmt.Errorf("host tensor of %T", data)
 	}
 	sp, free := shapePtr(shape)
@@ -291,6 +279,25 @@ type Output struct {
 // Run binds inputs (by name) and outputs, runs, and returns the outputs in order. Input tensors
 // stay owned by the caller; outputs are new tensors the caller releases.
 func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, error) {
+	return s.run(inputs, outputs, nil)
+}
+
+// NoGraph is the graph ID of a run that neither captures nor replays a CUDA graph.
+const NoGraph = -1
+
+// RunGraph is Run as CUDA graph id (1 and up; NoGraph for none) in a session opened with
+// CUDAGraph: the first runs with an ID capture the kernels they launch, later ones replay them
+// without ONNX Runtime. A replay reads and writes the memory the capturing run was bound to, so
+// every run with one ID must bind the same tensors (same addresses, same shapes), every output
+// into a tensor of its own (Output.Into), with new contents copied into the inputs beforehand
+// (Upload). On the CPU the ID is ignored.
+func (s *Session) RunGraph(inputs map[string]*Tensor, outputs []Output, id int) ([]*Tensor, error) {
+	g := C.CString(fmt.Sprint(id))
+	defer C.free(unsafe.Pointer(g))
+	return s.run(inputs, outputs, g)
+}
+
+func (s *Session) run(inputs map[string]*Tensor, outputs []Output, graph *C.char) ([]*Tensor, error) {
 	defer C.vx_clear(s.b)
 	for name, t := range inputs {
 		cn := C.CString(name)
@@ -318,7 +325,7 @@ func (s *Session) Run(inputs map[string]*Tensor, outputs []Output) ([]*Tensor, e
 	}
 	var vals **C.OrtValue
 	var n C.size_t
-	if err := cerr(C.vx_run(s.s, s.b, &vals, &n)); err != nil {
+	if err := cerr(C.vx_run(s.s, s.b, graph, &vals, &n)); err != nil {
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(vals))
@@ -411,4 +418,71 @@ func Zero(t *Tensor) error {
 		cuda = 1
 	}
 	return cerr(C.vx_zero(cuda, C.int(t.place.Device), t.data, C.size_t(t.Bytes())))
+}
+
+// Upload copies data ([]int64, []int32 or []float32, exactly t's size) into t, on the device or
+// in host memory, and waits for the copy.
+func Upload(t *Tensor, data any) error {
+	src, n, e := hostData(data)
+	if e != t.Elem || int64(n*e.Size()) != t.Bytes() {
+		return fmt.Errorf("upload of %d values of type %d into a tensor %v of type %d", n, e, t.Shape, t.Elem)
+	}
+	return across(t, t.data, src, t.Bytes(), data)
+}
+
+// Download copies t (float32) into dst, which holds exactly t's values, and waits for the copy.
+func Download(dst []float32, t *Tensor) error {
+	if t.Elem != Float32 || int64(len(dst)*4) != t.Bytes() {
+		return fmt.Errorf("download of a tensor %v of type %d into %d float32 values", t.Shape, t.Elem, len(dst))
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	return across(t, unsafe.Pointer(&dst[0]), t.data, t.Bytes(), dst)
+}
+
+// across copies bytes between Go memory (keep) and t's memory, through C memory so that no
+// copy engine ever holds a Go pointer.
+func across(t *Tensor, dst, src unsafe.Pointer, bytes int64, keep any) error {
+	defer runtime.KeepAlive(keep)
+	if bytes == 0 {
+		return nil
+	}
+	if !t.Device {
+		C.memcpy(dst, src, C.size_t(bytes))
+		return nil
+	}
+	stage := C.malloc(C.size_t(bytes))
+	defer C.free(stage)
+	if dst == t.data { // upload
+		C.memcpy(stage, src, C.size_t(bytes))
+		return cerr(C.vx_copy_across(C.int(t.place.Device), dst, stage, C.size_t(bytes)))
+	}
+	if err := cerr(C.vx_copy_across(C.int(t.place.Device), stage, src, C.size_t(bytes))); err != nil {
+		return err
+	}
+	C.memcpy(dst, stage, C.size_t(bytes))
+	return nil
+}
+
+// hostData is data's first element, length and element type.
+func hostData(data any) (unsafe.Pointer, int, Elem) {
+	switch d := data.(type) {
+	case []int64:
+		if len(d) > 0 {
+			return unsafe.Pointer(&d[0]), len(d), Int64
+		}
+		return nil, 0, Int64
+	case []int32:
+		if len(d) > 0 {
+			return unsafe.Pointer(&d[0]), len(d), Int32
+		}
+		return nil, 0, Int32
+	case []float32:
+		if len(d) > 0 {
+			return unsafe.Pointer(&d[0]), len(d), Float32
+		}
+		return nil, 0, Float32
+	}
+	return nil, 0, 0
 }

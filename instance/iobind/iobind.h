@@ -21,12 +21,16 @@ char* vx_bind_output_host(OrtIoBinding* b, const char* name);
 char* vx_bind_output_value(OrtIoBinding* b, const char* name, OrtValue* v);
 // Wraps memory the caller owns (on mem's device) as a tensor; releasing it leaves the memory alone.
 char* vx_view(OrtMemoryInfo* mem, void* data, size_t bytes, const int64_t* shape, size_t rank, int elem, OrtValue** out);
-char* vx_run(OrtSession* s, OrtIoBinding* b, OrtValue*** outs, size_t* n);
+// graph_id, when not NULL, is the run's gpu_graph_id: the CUDA graph the run captures or replays
+// in a session with enable_cuda_graph ("-1": none).
+char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, OrtValue*** outs, size_t* n);
 void vx_clear(OrtIoBinding* b);
 char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem);
 // Copies rows of width bytes: dst[dpitch*i] <- src[spitch*i] for i < height; on the CUDA device
 // when cuda is set (only queued there: vx_sync waits for every queued copy), in host memory otherwise.
 char* vx_copy2d(int cuda, int device, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
 char* vx_sync(int device);
+// Copies bytes between host and device memory (either way) and waits for the copy.
+char* vx_copy_across(int device, void* dst, const void* src, size_t bytes);
 char* vx_zero(int cuda, int device, void* dst, size_t bytes);
 #endif
