@@ -145,7 +145,27 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int) (*shar
 			return nil, fmt.Errorf("lm: CUDA graphs: %w", err)
 		}
 	}
+	if err := d.warmPrefill(); err != nil {
+		d.close()
+		return nil, fmt.Errorf("lm: warm-up: %w", err)
+	}
 	return d, nil
+}
+
+// prefillStep is the step of the prefill's padded lengths (join).
+const prefillStep = 16
+
+// warmPrefill prefills one prompt of every padded length up to 256 tokens, so that requests do not
+// pay ONNX Runtime's cost of a length's first run (join).
+func (d *sharedDecoder) warmPrefill() error {
+	for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
+		rows, _, err := d.join([][]int64{make([]int64, T)})
+		if err != nil {
+			return err
+		}
+		d.leave(rows[0])
+	}
+	return nil
 }
 
 // capture sizes the cache for the largest bucket, makes every bucket's tensors and runs each
@@ -362,7 +382,9 @@ func (d *sharedDecoder) run(from, B, T int, ids []int64, seqlens []int32) ([]flo
 
 // runOn is run over the given caches, written in place.
 func (d *sharedDecoder) runOn(cache []*iobind.Tensor, B, T int, ids []int64, seqlens []int32) ([]float32, error) {
-	total := int32(0)
+	// A prefill's rows are right-padded to T positions: a total of T is what makes
+	// GroupQueryAttention read them as first prompts, each of its own length.
+	total := int32(T)
 	for _, s := range seqlens {
 		total = max(total, s+1)
 	}
@@ -455,6 +477,11 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	if T > d.maxPos {
 		return nil, nil, fmt.Errorf("lm: a prompt of %d tokens is over lm.max_positions (%d)", T, d.maxPos)
 	}
+	// Whole runs of prefillStep positions: ONNX Runtime's first prefill of each new length cost
+	// 40-60 ms more than later ones on an H100 (its first GroupQueryAttention node), and with
+	// lengths in steps the load-time warm-up (warmPrefill) meets every length a prompt of up to
+	// 256 tokens takes.
+	T = min(d.maxPos, (T+prefillStep-1)/prefillStep*prefillStep)
 	from, err := d.freeRun(Bn)
 	if err != nil {
 		return nil, nil, err
