@@ -155,15 +155,23 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int) (*shar
 // prefillStep is the step of the prefill's padded lengths (join).
 const prefillStep = 16
 
-// warmPrefill prefills one prompt of every padded length up to 256 tokens, so that requests do not
-// pay ONNX Runtime's cost of a length's first run (join).
+// warmPrefill prefills batches of 1 to 8 prompts at every padded length up to 256 tokens, so that
+// requests do not pay ONNX Runtime's cost of a shape's first run (join).
 func (d *sharedDecoder) warmPrefill() error {
-	for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
-		rows, _, err := d.join([][]int64{make([]int64, T)})
-		if err != nil {
-			return err
+	for B := 1; B <= 8 && (d.g == nil || B <= len(d.slots)); B *= 2 {
+		for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
+			prompts := make([][]int64, B)
+			for i := range prompts {
+				prompts[i] = make([]int64, T)
+			}
+			rows, _, err := d.join(prompts)
+			if err != nil {
+				return err
+			}
+			for _, r := range rows {
+				d.leave(r)
+			}
 		}
-		d.leave(rows[0])
 	}
 	return nil
 }
@@ -477,17 +485,21 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	if T > d.maxPos {
 		return nil, nil, fmt.Errorf("lm: a prompt of %d tokens is over lm.max_positions (%d)", T, d.maxPos)
 	}
-	// Whole runs of prefillStep positions: ONNX Runtime's first prefill of each new length cost
-	// 40-60 ms more than later ones on an H100 (its first GroupQueryAttention node), and with
-	// lengths in steps the load-time warm-up (warmPrefill) meets every length a prompt of up to
-	// 256 tokens takes.
+	// Whole runs of prefillStep positions, and batches of a power of two rows (the rows past Bn
+	// are placeholders of one token that are not kept): ONNX Runtime's first prefill of each new
+	// shape cost 40-60 ms more than later ones on an H100 (its first GroupQueryAttention node),
+	// and with shapes in steps the load-time warm-up (warmPrefill) meets the common ones.
 	T = min(d.maxPos, (T+prefillStep-1)/prefillStep*prefillStep)
+	Bp := 1
+	for Bp < Bn {
+		Bp *= 2
+	}
 	from, err := d.freeRun(Bn)
 	if err != nil {
 		return nil, nil, err
 	}
-	ids := make([]int64, Bn*T)
-	seqlens := make([]int32, Bn)
+	ids := make([]int64, Bp*T)
+	seqlens := make([]int32, Bp)
 	for b, p := range prompts {
 		copy(ids[b*T:], p)
 		seqlens[b] = int32(len(p) - 1)
@@ -496,11 +508,11 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	scratch := make([]*iobind.Tensor, len(d.kv))
 	defer release(scratch)
 	for i := range scratch {
-		if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bn), H, int64(T), D}, d.elem); err != nil {
+		if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bp), H, int64(T), D}, d.elem); err != nil {
 			return nil, nil, err
 		}
 	}
-	logits, err := d.runOn(scratch, Bn, T, ids, seqlens)
+	logits, err := d.runOn(scratch, Bp, T, ids, seqlens)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -191,13 +191,14 @@ func TestDecoderJoinTogether(t *testing.T) {
 			m := tinyManifest(t)
 			want := decodeAlone(t, cache)
 			d := newTestDecoder(t, cache)
-			rows, first, err := d.join([][]int64{m.Tokenize(testPromptA), m.Tokenize(testPromptB)})
+			// Three rows: the shared cache prefills them as four, the last a placeholder.
+			rows, first, err := d.join([][]int64{m.Tokenize(testPromptA), m.Tokenize(testPromptB), m.Tokenize(testPromptA)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			got := [][]float32{first[1]}
 			for i, tok := range testTokens {
-				l, err := d.step(rows, []int64{int64(300 + i), tok})
+				l, err := d.step(rows, []int64{int64(300 + i), tok, int64(310 + i)})
 				if err != nil {
 					t.Fatal(err)
 				}
