@@ -634,10 +634,11 @@ def main():
     ap.add_argument("--seed", type=int, default=cs.SEED)
     ap.add_argument("--plain", action="store_true",
                     help="standard ONNX operators only (no ONNX Runtime fused operators)")
-    ap.add_argument("--cache", choices=["concat", "shared"], default="concat",
-                    help="the LM's key/value cache contract (docs/pipeline.md). shared (in place, "
-                         "GroupQueryAttention) measured slower in the server on an H100 with ONNX "
-                         "Runtime 1.29 (docs/benchmarks/RESULTS.md), so concat is the default")
+    ap.add_argument("--cache", choices=["concat", "shared"], default="shared",
+                    help="the LM's key/value cache contract (docs/pipeline.md): shared (in place, "
+                         "GroupQueryAttention), whose decode steps voxmux runs as CUDA graphs, or "
+                         "concat, which measured slower on an H100 with ONNX Runtime 1.29 "
+                         "(docs/benchmarks/RESULTS.md, session 8)")
     ap.add_argument("--flow-convs", choices=["matmul", "conv"], default="matmul",
                     help="the flow's convolutions as gather + matrix product (default) or as ONNX Conv "
                          "(cuDNN; for comparisons)")
