@@ -437,7 +437,7 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 type flowRun struct {
 	items  []*flowItem
 	worker int
-	b      *flowBatch
+	mels   [][]float32 // each item's, once done
 	busy   time.Duration
 	err    error
 }
@@ -446,9 +446,10 @@ type flowRun struct {
 func (r *flowRun) urgent() bool { return r.items[0].first }
 
 // flowLanes decides which flow batch starts on which worker. Each worker (Pipeline.flows) has
-// its own ONNX Runtime sessions and so its own CUDA stream: a flow batch of a few chunks is
-// bound by ONNX Runtime launching its kernels one by one, and batches on several workers keep
-// the GPU busy where one batch alone leaves it waiting on the host. With more than one worker,
+// its own ONNX Runtime sessions and so its own CUDA stream, so batches on several workers
+// overlap one's kernel launches with another's kernels (on an H100: P95 time to first audio at
+// 64 streams 972 → 869 ms with two workers; no gain at 256, where the flow is bound by the GPU;
+// docs/benchmarks/RESULTS.md). With more than one worker,
 // batches of later chunks (bulk) hold at most all workers but one, so a new stream's first
 // chunk never waits for a whole bulk batch; first chunks start on any free worker, ahead of
 // later chunks. A stream's chunks stay in order: none joins a batch while another of its
@@ -570,15 +571,7 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
 	}
 	t0 := time.Now()
-	r.b, r.err = e.p.flows[r.worker].start(jobs)
-	for r.err == nil && !r.b.done() {
-		select {
-		case <-e.done:
-			r.err = errors.New("engine is shut down")
-		default:
-			r.err = r.b.advance()
-		}
-	}
+	r.mels, r.err = e.p.flows[r.worker].run(jobs, e.done)
 	r.busy = time.Since(t0)
 	done <- r
 }
@@ -588,10 +581,7 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 func (e *Engine) flowDone(r *flowRun, err error) {
 	m := e.p.m
 	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
-	var mels [][]float32
-	if err == nil {
-		mels = r.b.mels()
-	}
+	mels := r.mels
 	for i, it := range r.items {
 		if err != nil {
 			it.s.finish(err)

@@ -101,7 +101,7 @@ func (p *Pipeline) ProfileStages(o StageProfile, progress func(StageTiming)) ([]
 					return err
 				}},
 				{StageTiming{Stage: "flow", Batch: b, Tokens: n}, audio, func() error {
-					_, err := p.flows[0].run(jobs[flowRun%sets])
+					_, err := p.flows[0].run(jobs[flowRun%sets], nil)
 					flowRun++
 					return err
 				}},

@@ -38,13 +38,19 @@ func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
 	return &flowStage{m: m, encoder: enc, estimator: est}, nil
 }
 
-// run returns each job's mel, channel-major [mel_bins][frames].
-func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
+// run returns each job's mel, channel-major [mel_bins][frames]. Once stop is closed it gives up
+// before the next Euler step.
+func (s *flowStage) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
 	b, err := s.start(jobs)
 	if err != nil {
 		return nil, err
 	}
 	for !b.done() {
+		select {
+		case <-stop:
+			return nil, errors.New("engine is shut down")
+		default:
+		}
 		if err := b.advance(); err != nil {
 			return nil, err
 		}
@@ -52,8 +58,7 @@ func (s *flowStage) run(jobs []flowJob) ([][]float32, error) {
 	return b.mels(), nil
 }
 
-// flowBatch is one batch of flow jobs between Euler steps: the engine can advance another batch
-// between two of its steps (see Engine.flowLoop).
+// flowBatch is one batch of flow jobs between Euler steps.
 type flowBatch struct {
 	s        *flowStage
 	lens     []int // tokens per job
