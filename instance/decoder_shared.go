@@ -29,10 +29,10 @@ type lmDecoder interface {
 // newLMDecoder opens the LM. graphRows > 0 runs its decode steps in fixed shapes for up to that
 // many sequences at once, as CUDA graphs where place asks for them (lm_cuda_graph); only the
 // shared cache contract has fixed-shape steps.
-func newLMDecoder(m *Manifest, place iobind.Placement, graphRows int) (lmDecoder, error) {
+func newLMDecoder(m *Manifest, place iobind.Placement, graphRows int, prefillGraphs bool) (lmDecoder, error) {
 	// On error a nil interface, never a nil pointer in one.
 	if m.LM.Cache == "shared" {
-		d, err := newSharedDecoder(m, place, graphRows)
+		d, err := newSharedDecoder(m, place, graphRows, prefillGraphs)
 		if err != nil {
 			return nil, err
 		}
@@ -81,20 +81,33 @@ type sharedDecoder struct {
 	g *lmGraphs
 }
 
-// lmGraphs hold what decode steps as CUDA graphs (lm_cuda_graph) need. A graph replays the
-// kernels ONNX Runtime launched for one shape at the addresses it saw, so a step of n rows runs
-// the graph of the smallest bucket of at least n rows (the rows past n are free slots, which
-// write a placeholder at their position 0), over inputs and outputs of that bucket's own that
-// stay put, and the cache is sized once for the most rows and never moves. The graphs are
+// lmGraphs hold what the LM's runs as CUDA graphs (lm_cuda_graph) need. A graph replays the
+// kernels ONNX Runtime launched for one shape at the addresses it saw, so each graph has inputs
+// and outputs of its own that stay put, and the cache is sized once for the most rows and never
+// moves. A decode step of n rows runs the graph of the smallest bucket of at least n rows (the
+// rows past n are free slots, which write a placeholder at their position 0). With prefill
+// graphs, a prefill of a shape join pads to (a power of two rows up to 8, whole runs of 16
+// positions up to 256) runs that shape's graph over a scratch cache of its own. The graphs are
 // captured at load. ONNX Runtime keeps a session's graphs per OS thread, so every run of the
 // session goes through one locked thread.
 type lmGraphs struct {
-	buckets []int // rising; the last is the cache's slot count
-	// Per bucket: the step's inputs and logits on the device, and the cache over its slots.
-	ids, seqlens, logits []*iobind.Tensor
-	cache                [][]*iobind.Tensor
-	total                *iobind.Tensor // host scalar: max_positions, as every graph was captured with
-	thread               *osThread
+	buckets  []int      // decode batch sizes, rising; the last is the cache's slot count
+	steps    []*lmGraph // by bucket
+	prefills map[[2]int]*lmGraph
+	thread   *osThread
+}
+
+// lmGraph is one captured shape: B rows of T tokens.
+type lmGraph struct {
+	id, B, T             int
+	ids, seqlens, logits *iobind.Tensor   // on the device
+	total                *iobind.Tensor   // host scalar, as the graph was captured with
+	cache                []*iobind.Tensor // views of the shared cache, or a prefill's scratch
+}
+
+func (g *lmGraph) release() {
+	release([]*iobind.Tensor{g.ids, g.seqlens, g.logits, g.total})
+	release(g.cache)
 }
 
 // lmBuckets are the graphs' batch sizes up to the first at least rows: powers of two to 8, then
@@ -117,7 +130,7 @@ func lmBuckets(rows int) []int {
 	}
 }
 
-func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int) (*sharedDecoder, error) {
+func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int, prefillGraphs bool) (*sharedDecoder, error) {
 	var thread *osThread
 	if graphRows > 0 {
 		thread = newOSThread()
@@ -140,12 +153,15 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int) (*shar
 	d.ins, d.outs = cacheNames(m)
 	if graphRows > 0 {
 		d.g = &lmGraphs{buckets: lmBuckets(graphRows), thread: thread}
-		if err := d.capture(); err != nil {
+		if err := d.capture(prefillGraphs); err != nil {
 			d.close()
 			return nil, fmt.Errorf("lm: CUDA graphs: %w", err)
 		}
 	}
-	if err := d.warmPrefill(); err != nil {
+	if d.g == nil || d.g.prefills == nil {
+		err = d.warmPrefill() // captured prefills have run every shape already
+	}
+	if err != nil {
 		d.close()
 		return nil, fmt.Errorf("lm: warm-up: %w", err)
 	}
@@ -158,84 +174,136 @@ const prefillStep = 16
 // warmPrefill prefills batches of 1 to 8 prompts at every padded length up to 256 tokens, so that
 // requests do not pay ONNX Runtime's cost of a shape's first run (join).
 func (d *sharedDecoder) warmPrefill() error {
-	for B := 1; B <= 8 && (d.g == nil || B <= len(d.slots)); B *= 2 {
-		for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
-			prompts := make([][]int64, B)
-			for i := range prompts {
-				prompts[i] = make([]int64, T)
-			}
-			rows, _, err := d.join(prompts)
-			if err != nil {
-				return err
-			}
-			for _, r := range rows {
-				d.leave(r)
-			}
+	for _, bt := range d.prefillShapes() {
+		prompts := make([][]int64, bt[0])
+		for i := range prompts {
+			prompts[i] = make([]int64, bt[1])
+		}
+		rows, _, err := d.join(prompts)
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			d.leave(r)
 		}
 	}
 	return nil
 }
 
-// capture sizes the cache for the largest bucket, makes every bucket's tensors and runs each
-// bucket's step three times: ONNX Runtime captures a graph after two ordinary runs with its ID.
-// No sequence is in the cache yet, so what the runs write there is never read.
-func (d *sharedDecoder) capture() error {
+// prefillShapes are the prefill shapes warmed up at load (and captured, with prefill graphs):
+// batches of 1 to 8 rows, every padded length up to 256 tokens.
+func (d *sharedDecoder) prefillShapes() [][2]int {
+	var out [][2]int
+	for B := 1; B <= 8 && (d.g == nil || B <= len(d.slots)); B *= 2 {
+		for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
+			out = append(out, [2]int{B, T})
+		}
+	}
+	return out
+}
+
+// capture sizes the cache for the largest bucket, makes every graph's tensors and runs each
+// graph three times: ONNX Runtime captures a graph after two ordinary runs with its ID. No
+// sequence is in the cache yet, so what the runs write there is never read.
+func (d *sharedDecoder) capture(prefills bool) error {
 	g := d.g
 	if err := d.grow(g.buckets[len(g.buckets)-1]); err != nil {
 		return err
 	}
-	V := int64(d.m.LM.SpeechVocab + 1)
-	var err error
-	if g.total, err = iobind.Host([]int64{}, []int32{int32(d.maxPos)}); err != nil {
-		return err
-	}
 	for _, b := range g.buckets {
-		B := int64(b)
-		ids, err := d.s.Alloc([]int64{B, 1}, iobind.Int64)
-		if err != nil {
-			return err
-		}
-		g.ids = append(g.ids, ids)
-		seqlens, err := d.s.Alloc([]int64{B}, iobind.Int32)
-		if err != nil {
-			return err
-		}
-		g.seqlens = append(g.seqlens, seqlens)
-		logits, err := d.s.AllocEmpty([]int64{B, 1, V}, iobind.Float32)
-		if err != nil {
-			return err
-		}
-		g.logits = append(g.logits, logits)
 		cache, err := d.views(0, b)
 		if err != nil {
 			return err
 		}
-		g.cache = append(g.cache, cache)
+		step, err := d.newGraph(len(g.steps)+1, b, 1, d.maxPos, cache)
+		if err != nil {
+			return err
+		}
+		g.steps = append(g.steps, step)
 	}
-	for i := range g.buckets {
+	if prefills {
+		g.prefills = map[[2]int]*lmGraph{}
+		H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
+		for _, bt := range d.prefillShapes() {
+			scratch := make([]*iobind.Tensor, len(d.kv))
+			for i := range scratch {
+				t, err := d.s.AllocEmpty([]int64{int64(bt[0]), H, int64(bt[1]), D}, d.elem)
+				if err != nil {
+					release(scratch)
+					return err
+				}
+				scratch[i] = t
+			}
+			pg, err := d.newGraph(len(g.steps)+len(g.prefills)+1, bt[0], bt[1], bt[1], scratch)
+			if err != nil {
+				return err
+			}
+			g.prefills[bt] = pg
+		}
+	}
+	all := append([]*lmGraph(nil), g.steps...)
+	for _, pg := range g.prefills {
+		all = append(all, pg)
+	}
+	for _, gr := range all {
 		for range 3 {
-			if err := d.replay(i); err != nil {
-				return fmt.Errorf("batch of %d: %w", g.buckets[i], err)
+			if err := d.replay(gr); err != nil {
+				return fmt.Errorf("%d rows of %d tokens: %w", gr.B, gr.T, err)
 			}
 		}
 	}
 	return nil
 }
 
-// replay runs bucket i's step over the inputs already in its tensors, into its logits.
-func (d *sharedDecoder) replay(i int) error {
-	g := d.g
-	in := map[string]*iobind.Tensor{d.ids: g.ids[i], d.seqlens: g.seqlens[i], d.total: g.total}
-	outs := []iobind.Output{{Name: d.logits, Into: g.logits[i]}}
-	for j, v := range g.cache[i] {
+// newGraph makes the tensors of a graph of B rows of T tokens over cache (released with the
+// graph), captured with total_sequence_length total.
+func (d *sharedDecoder) newGraph(id, B, T, total int, cache []*iobind.Tensor) (*lmGraph, error) {
+	gr := &lmGraph{id: id, B: B, T: T, cache: cache}
+	V := int64(d.m.LM.SpeechVocab + 1)
+	var err error
+	if gr.ids, err = d.s.Alloc([]int64{int64(B), int64(T)}, iobind.Int64); err == nil {
+		if gr.seqlens, err = d.s.Alloc([]int64{int64(B)}, iobind.Int32); err == nil {
+			if gr.logits, err = d.s.AllocEmpty([]int64{int64(B), int64(T), V}, iobind.Float32); err == nil {
+				gr.total, err = iobind.Host([]int64{}, []int32{int32(total)})
+			}
+		}
+	}
+	if err != nil {
+		gr.release()
+		return nil, err
+	}
+	return gr, nil
+}
+
+// replay runs graph gr over the inputs already in its tensors, into its logits and cache.
+func (d *sharedDecoder) replay(gr *lmGraph) error {
+	in := map[string]*iobind.Tensor{d.ids: gr.ids, d.seqlens: gr.seqlens, d.total: gr.total}
+	outs := []iobind.Output{{Name: d.logits, Into: gr.logits}}
+	for j, v := range gr.cache {
 		in[d.ins[j]] = v
 		outs = append(outs, iobind.Output{Name: d.outs[j], Into: v})
 	}
-	return g.thread.do(func() error {
-		res, err := d.s.RunGraph(in, outs, i+1)
+	return d.g.thread.do(func() error {
+		res, err := d.s.RunGraph(in, outs, gr.id)
 		release(res)
 		return err
 	})
+}
+
+// runGraph uploads ids and seqlens (gr.B rows of gr.T, padded here) into gr's tensors and replays it.
+func (d *sharedDecoder) runGraph(gr *lmGraph, ids []int64, seqlens []int32) error {
+	ids = append(ids, make([]int64, gr.B*gr.T-len(ids))...)
+	seqlens = append(seqlens, make([]int32, gr.B-len(seqlens))...)
+	if err := iobind.Upload(gr.ids, ids); err != nil {
+		return fmt.Errorf("lm: %w", err)
+	}
+	if err := iobind.Upload(gr.seqlens, seqlens); err != nil {
+		return fmt.Errorf("lm: %w", err)
+	}
+	if err := d.replay(gr); err != nil {
+		return fmt.Errorf("lm: %w", err)
+	}
+	return nil
 }
 
 // stepGraph is step's run as the graph of the smallest bucket of at least n rows.
@@ -248,21 +316,13 @@ func (d *sharedDecoder) stepGraph(n int, ids []int64, seqlens []int32) ([]float3
 	if i == len(g.buckets) {
 		return nil, fmt.Errorf("lm: a step of %d sequences is over the %d the CUDA graphs were made for", n, g.buckets[len(g.buckets)-1])
 	}
-	b := g.buckets[i]
-	ids = append(ids, make([]int64, b-n)...)
-	seqlens = append(seqlens, make([]int32, b-n)...)
-	if err := iobind.Upload(g.ids[i], ids); err != nil {
-		return nil, fmt.Errorf("lm: %w", err)
-	}
-	if err := iobind.Upload(g.seqlens[i], seqlens); err != nil {
-		return nil, fmt.Errorf("lm: %w", err)
-	}
-	if err := d.replay(i); err != nil {
-		return nil, fmt.Errorf("lm: %w", err)
+	gr := g.steps[i]
+	if err := d.runGraph(gr, ids, seqlens); err != nil {
+		return nil, err
 	}
 	V := d.m.LM.SpeechVocab + 1
-	logits := make([]float32, b*V)
-	if err := iobind.Download(logits, g.logits[i]); err != nil {
+	logits := make([]float32, gr.B*V)
+	if err := iobind.Download(logits, gr.logits); err != nil {
 		return nil, fmt.Errorf("lm: %w", err)
 	}
 	return logits[:n*V], nil
@@ -287,13 +347,12 @@ func (d *sharedDecoder) used() (live, top int) {
 
 func (d *sharedDecoder) close() {
 	if g := d.g; g != nil {
-		release(g.ids)
-		release(g.seqlens)
-		release(g.logits)
-		for _, c := range g.cache {
-			release(c)
+		for _, gr := range g.steps {
+			gr.release()
 		}
-		g.total.Release()
+		for _, gr := range g.prefills {
+			gr.release()
+		}
 	}
 	release(d.kv)
 	d.kv, d.slots = nil, nil
@@ -504,17 +563,39 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 		copy(ids[b*T:], p)
 		seqlens[b] = int32(len(p) - 1)
 	}
-	H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
-	scratch := make([]*iobind.Tensor, len(d.kv))
-	defer release(scratch)
-	for i := range scratch {
-		if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bp), H, int64(T), D}, d.elem); err != nil {
+	V, H := d.m.LM.SpeechVocab+1, int64(d.m.LM.KVHeads)
+	var scratch []*iobind.Tensor
+	var rowLogits func(b, n int) ([]float32, error) // row b's logits at its last position n-1
+	if pg := d.prefillGraph(Bp, T); pg != nil {
+		if err := d.runGraph(pg, ids, seqlens); err != nil {
 			return nil, nil, err
 		}
-	}
-	logits, err := d.runOn(scratch, Bp, T, ids, seqlens)
-	if err != nil {
-		return nil, nil, err
+		scratch = pg.cache
+		rowLogits = func(b, n int) ([]float32, error) {
+			v, err := d.s.View(pg.logits, int64((b*T+n-1)*V*4), []int64{int64(V)})
+			if err != nil {
+				return nil, err
+			}
+			defer v.Release()
+			out := make([]float32, V)
+			return out, iobind.Download(out, v)
+		}
+	} else {
+		D := int64(d.m.LM.HeadDim)
+		scratch = make([]*iobind.Tensor, len(d.kv))
+		defer release(scratch)
+		for i := range scratch {
+			if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bp), H, int64(T), D}, d.elem); err != nil {
+				return nil, nil, err
+			}
+		}
+		logits, err := d.runOn(scratch, Bp, T, ids, seqlens)
+		if err != nil {
+			return nil, nil, err
+		}
+		rowLogits = func(b, n int) ([]float32, error) {
+			return append([]float32(nil), logits[(b*T+n-1)*V:(b*T+n)*V]...), nil
+		}
 	}
 	pb := d.posBytes()
 	copies := make([]iobind.Copy, len(scratch))
@@ -526,16 +607,28 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	if err := iobind.Copies(copies); err != nil {
 		return nil, nil, fmt.Errorf("lm: prefill into the cache: %w", err)
 	}
-	V := d.m.LM.SpeechVocab + 1
 	rows := make([]*lmRow, Bn)
 	out := make([][]float32, Bn)
 	for b, p := range prompts {
 		n := len(p)
+		if out[b], err = rowLogits(b, n); err != nil {
+			return nil, nil, fmt.Errorf("lm: %w", err)
+		}
+	}
+	for b, p := range prompts {
+		n := len(p)
 		rows[b] = &lmRow{live: true, pos: int64(n), real: n, slot: from + b}
 		d.slots[from+b] = rows[b]
-		out[b] = append([]float32(nil), logits[(b*T+n-1)*V:(b*T+n)*V]...)
 	}
 	return rows, out, nil
+}
+
+// prefillGraph is the captured prefill of B rows of T tokens, if there is one.
+func (d *sharedDecoder) prefillGraph(B, T int) *lmGraph {
+	if d.g == nil {
+		return nil
+	}
+	return d.g.prefills[[2]int{B, T}]
 }
 
 // step runs one position for every slot up to the highest one in use. A live row that is not

@@ -30,7 +30,7 @@ func newTestDecoderRows(t *testing.T, cache string, graphRows int) lmDecoder {
 	if cache != "graph" {
 		graphRows = 0
 	}
-	d, err := newLMDecoder(&m, iobind.Placement{}, graphRows)
+	d, err := newLMDecoder(&m, iobind.Placement{}, graphRows, graphRows > 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestLMGraphsOnGPU(t *testing.T) {
 	}
 	place, graphs := rt.lmPlacement(false), rt.lmPlacement(true)
 	run := func(name string, place iobind.Placement, rows int) [][]float32 {
-		d, err := newLMDecoder(m, place, rows)
+		d, err := newLMDecoder(m, place, rows, rows > 0)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

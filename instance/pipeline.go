@@ -48,7 +48,7 @@ func loadPipeline(m *Manifest, cfg LoadConfig, lmDev, flowDev int) (*Pipeline, e
 			// One slot per request the instance takes at once (the router's max_inflight).
 			graphRows = cmp.Or(cfg.MaxInflight, 256)
 		}
-		p.lm, err = newLMDecoder(m, rt.lmPlacement(mode == "on"), graphRows)
+		p.lm, err = newLMDecoder(m, rt.lmPlacement(mode == "on" || mode == "decode"), graphRows, mode == "on" || mode == "fixed")
 	}
 	for w := 0; err == nil && w < p.rt2.flowWorkers; w++ {
 		var f *flowStage

@@ -35,9 +35,10 @@ type runtime struct {
 	// flowWorkers is the number of flow batches that run at once, each in its own sessions
 	// (provider option flow_workers).
 	flowWorkers int
-	// lmGraph is provider option lm_cuda_graph: "on" runs the LM's decode steps as CUDA graphs,
-	// "fixed" in the graphs' fixed shapes without capturing them (to tell the graphs' effect on
-	// results from the shapes'), "off" as ONNX Runtime runs any graph; empty: lmGraphMode decides.
+	// lmGraph is provider option lm_cuda_graph: "decode" runs the LM's decode steps as CUDA
+	// graphs, "on" its decode steps and prefills; "fixed" runs both in the graphs' fixed shapes
+	// without capturing them (to tell the graphs' effect on results from the shapes'); "off" lets
+	// ONNX Runtime run any shape; empty: lmGraphMode decides.
 	lmGraph string
 	library string
 }
@@ -77,8 +78,8 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			}
 			r.lmPriority = v == "high"
 		case "lm_cuda_graph":
-			if v != "on" && v != "off" && v != "fixed" {
-				return nil, fmt.Errorf("provider option lm_cuda_graph: %q is not on, off or fixed", v)
+			if v != "on" && v != "decode" && v != "off" && v != "fixed" {
+				return nil, fmt.Errorf("provider option lm_cuda_graph: %q is not on, decode, off or fixed", v)
 			}
 			r.lmGraph = v
 		case "flow_workers":
@@ -279,7 +280,8 @@ func (r *runtime) placement() iobind.Placement {
 }
 
 // lmGraphMode is lm_cuda_graph for m's LM: as configured, else on where the graphs can run (CUDA,
-// the shared cache), since they made the decode step 2-3× faster (docs/benchmarks/RESULTS.md).
+// the shared cache): they made a decode step 2-3× faster and a prefill of one prompt 3× faster
+// (docs/benchmarks/RESULTS.md).
 func (r *runtime) lmGraphMode(m *Manifest) string {
 	switch {
 	case r.lmGraph != "":

@@ -61,7 +61,7 @@ func TestFlowWorkersOption(t *testing.T) {
 // lm_cuda_graph takes on or off, and needs the LM's shared cache contract: the tiny model's
 // default LM concatenates its cache, so asking for graphs fails its load with the reason.
 func TestLMCUDAGraphOption(t *testing.T) {
-	if _, err := loadTiny(t, map[string]string{"lm_cuda_graph": "yes"}); err == nil || !strings.Contains(err.Error(), `provider option lm_cuda_graph: "yes" is not on, off or fixed`) {
+	if _, err := loadTiny(t, map[string]string{"lm_cuda_graph": "yes"}); err == nil || !strings.Contains(err.Error(), `provider option lm_cuda_graph: "yes" is not on, decode, off or fixed`) {
 		t.Errorf("lm_cuda_graph yes: %v", err)
 	}
 	if _, err := loadTiny(t, map[string]string{"lm_cuda_graph": "on"}); err == nil || !strings.Contains(err.Error(), "lm_cuda_graph needs an LM with lm.cache: shared") {
@@ -81,6 +81,7 @@ func TestLMCUDAGraphOption(t *testing.T) {
 		want string
 	}{
 		{runtime{provider: "cuda"}, shared, "on"},
+		{runtime{provider: "cuda", lmGraph: "decode"}, shared, "decode"},
 		{runtime{provider: "cuda"}, concat, "off"},
 		{runtime{provider: "cpu"}, shared, "off"},
 		{runtime{provider: "cuda", lmGraph: "off"}, shared, "off"},
