@@ -91,8 +91,7 @@ type sharedDecoder struct {
 // captured at load. ONNX Runtime keeps a session's graphs per OS thread, so every run of the
 // session goes through one locked thread.
 type lmGraphs struct {
-	buckets  []int      // decode batch sizes, rising; the last is the cache's slot count
-	steps    []*lmGraph // by bucket
+	steps    []*lmGraph // by batch size, rising; the last has the cache's slot count
 	prefills map[[2]int]*lmGraph
 	thread   *osThread
 }
@@ -152,18 +151,17 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int, prefil
 	}
 	d.ins, d.outs = cacheNames(m)
 	if graphRows > 0 {
-		d.g = &lmGraphs{buckets: lmBuckets(graphRows), thread: thread}
-		if err := d.capture(prefillGraphs); err != nil {
+		d.g = &lmGraphs{thread: thread}
+		if err := d.capture(lmBuckets(graphRows), prefillGraphs); err != nil {
 			d.close()
 			return nil, fmt.Errorf("lm: CUDA graphs: %w", err)
 		}
 	}
-	if d.g == nil || d.g.prefills == nil {
-		err = d.warmPrefill() // captured prefills have run every shape already
-	}
-	if err != nil {
-		d.close()
-		return nil, fmt.Errorf("lm: warm-up: %w", err)
+	if d.g == nil || d.g.prefills == nil { // captured prefills have run every shape already
+		if err := d.warmPrefill(); err != nil {
+			d.close()
+			return nil, fmt.Errorf("lm: warm-up: %w", err)
+		}
 	}
 	return d, nil
 }
@@ -202,15 +200,16 @@ func (d *sharedDecoder) prefillShapes() [][2]int {
 	return out
 }
 
-// capture sizes the cache for the largest bucket, makes every graph's tensors and runs each
-// graph three times: ONNX Runtime captures a graph after two ordinary runs with its ID. No
-// sequence is in the cache yet, so what the runs write there is never read.
-func (d *sharedDecoder) capture(prefills bool) error {
+// capture sizes the cache for the largest of the decode batch sizes (buckets, rising), makes
+// every graph's tensors and runs each graph three times: ONNX Runtime captures a graph after two
+// ordinary runs with its ID. No sequence is in the cache yet, so what the runs write there is
+// never read.
+func (d *sharedDecoder) capture(buckets []int, prefills bool) error {
 	g := d.g
-	if err := d.grow(g.buckets[len(g.buckets)-1]); err != nil {
+	if err := d.grow(buckets[len(buckets)-1]); err != nil {
 		return err
 	}
-	for _, b := range g.buckets {
+	for _, b := range buckets {
 		cache, err := d.views(0, b)
 		if err != nil {
 			return err
@@ -223,16 +222,10 @@ func (d *sharedDecoder) capture(prefills bool) error {
 	}
 	if prefills {
 		g.prefills = map[[2]int]*lmGraph{}
-		H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
 		for _, bt := range d.prefillShapes() {
-			scratch := make([]*iobind.Tensor, len(d.kv))
-			for i := range scratch {
-				t, err := d.s.AllocEmpty([]int64{int64(bt[0]), H, int64(bt[1]), D}, d.elem)
-				if err != nil {
-					release(scratch)
-					return err
-				}
-				scratch[i] = t
+			scratch, err := d.scratch(bt[0], bt[1])
+			if err != nil {
+				return err
 			}
 			pg, err := d.newGraph(len(g.steps)+len(g.prefills)+1, bt[0], bt[1], bt[1], scratch)
 			if err != nil {
@@ -275,14 +268,34 @@ func (d *sharedDecoder) newGraph(id, B, T, total int, cache []*iobind.Tensor) (*
 	return gr, nil
 }
 
-// replay runs graph gr over the inputs already in its tensors, into its logits and cache.
-func (d *sharedDecoder) replay(gr *lmGraph) error {
-	in := map[string]*iobind.Tensor{d.ids: gr.ids, d.seqlens: gr.seqlens, d.total: gr.total}
-	outs := []iobind.Output{{Name: d.logits, Into: gr.logits}}
-	for j, v := range gr.cache {
+// scratch is a cache for B rows of T positions, for one prefill.
+func (d *sharedDecoder) scratch(B, T int) ([]*iobind.Tensor, error) {
+	shape := []int64{int64(B), int64(d.m.LM.KVHeads), int64(T), int64(d.m.LM.HeadDim)}
+	out := make([]*iobind.Tensor, len(d.kv))
+	for i := range out {
+		t, err := d.s.AllocEmpty(shape, d.elem)
+		if err != nil {
+			release(out)
+			return nil, err
+		}
+		out[i] = t
+	}
+	return out, nil
+}
+
+// bind adds the cache as the run's past inputs and, written in place, its present outputs.
+func (d *sharedDecoder) bind(in map[string]*iobind.Tensor, outs []iobind.Output, cache []*iobind.Tensor) []iobind.Output {
+	for j, v := range cache {
 		in[d.ins[j]] = v
 		outs = append(outs, iobind.Output{Name: d.outs[j], Into: v})
 	}
+	return outs
+}
+
+// replay runs graph gr over the inputs already in its tensors, into its logits and cache.
+func (d *sharedDecoder) replay(gr *lmGraph) error {
+	in := map[string]*iobind.Tensor{d.ids: gr.ids, d.seqlens: gr.seqlens, d.total: gr.total}
+	outs := d.bind(in, []iobind.Output{{Name: d.logits, Into: gr.logits}}, gr.cache)
 	return d.g.thread.do(func() error {
 		res, err := d.s.RunGraph(in, outs, gr.id)
 		release(res)
@@ -308,15 +321,15 @@ func (d *sharedDecoder) runGraph(gr *lmGraph, ids []int64, seqlens []int32) erro
 
 // stepGraph is step's run as the graph of the smallest bucket of at least n rows.
 func (d *sharedDecoder) stepGraph(n int, ids []int64, seqlens []int32) ([]float32, error) {
-	g := d.g
+	steps := d.g.steps
 	i := 0
-	for i < len(g.buckets) && g.buckets[i] < n {
+	for i < len(steps) && steps[i].B < n {
 		i++
 	}
-	if i == len(g.buckets) {
-		return nil, fmt.Errorf("lm: a step of %d sequences is over the %d the CUDA graphs were made for", n, g.buckets[len(g.buckets)-1])
+	if i == len(steps) {
+		return nil, fmt.Errorf("lm: a step of %d sequences is over the %d the CUDA graphs were made for", n, steps[len(steps)-1].B)
 	}
-	gr := g.steps[i]
+	gr := steps[i]
 	if err := d.runGraph(gr, ids, seqlens); err != nil {
 		return nil, err
 	}
@@ -477,11 +490,7 @@ func (d *sharedDecoder) runOn(cache []*iobind.Tensor, B, T int, ids []int64, seq
 		host = append(host, t)
 		in[h.name] = t
 	}
-	outs := []iobind.Output{{Name: d.logits, Host: true}}
-	for i, v := range cache {
-		in[d.ins[i]] = v
-		outs = append(outs, iobind.Output{Name: d.outs[i], Into: v})
-	}
+	outs := d.bind(in, []iobind.Output{{Name: d.logits, Host: true}}, cache)
 	var res []*iobind.Tensor
 	err := d.thread().do(func() (err error) {
 		if d.g != nil {
@@ -581,14 +590,10 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 			return out, iobind.Download(out, v)
 		}
 	} else {
-		D := int64(d.m.LM.HeadDim)
-		scratch = make([]*iobind.Tensor, len(d.kv))
-		defer release(scratch)
-		for i := range scratch {
-			if scratch[i], err = d.s.AllocEmpty([]int64{int64(Bp), H, int64(T), D}, d.elem); err != nil {
-				return nil, nil, err
-			}
+		if scratch, err = d.scratch(Bp, T); err != nil {
+			return nil, nil, err
 		}
+		defer release(scratch)
 		logits, err := d.runOn(scratch, Bp, T, ids, seqlens)
 		if err != nil {
 			return nil, nil, err
