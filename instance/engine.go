@@ -77,7 +77,7 @@ func (e *Engine) Stats() []StageStats {
 }
 
 // NewEngine starts the engine's loops over p.
-func NewEngine(p *Pipeline) *Engine { return newEngine(p, 8192, 16384) }
+func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowGraphFrames, 16384) }
 
 // newEngine is NewEngine with the flow's and the vocoder's frame budgets per batch.
 func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
@@ -460,10 +460,28 @@ type flowLanes struct {
 	budget         int              // frames per batch
 	spread         float64          // see takeBatch
 	framesPerToken int
+	// fit says how many of n items of up to tokens tokens a batch takes (flowStage.fit): with the
+	// flow's CUDA graphs, batches that fill a captured shape.
+	fit func(n, tokens int) int
 }
 
-func newFlowLanes(workers, budget int, spread float64, framesPerToken int) *flowLanes {
-	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken}
+func newFlowLanes(workers, budget int, spread float64, framesPerToken int, fit func(n, tokens int) int) *flowLanes {
+	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken, fit: fit}
+}
+
+// trim cuts take to what fit allows; what it leaves waits first.
+func (l *flowLanes) trim(take, rest []*flowItem) ([]*flowItem, []*flowItem) {
+	if l.fit == nil || len(take) == 0 {
+		return take, rest
+	}
+	tokens := 0
+	for _, it := range take {
+		tokens = max(tokens, len(it.tokens))
+	}
+	if k := l.fit(len(take), tokens); k > 0 && k < len(take) {
+		return take[:k:k], slices.Concat(take[k:], rest)
+	}
+	return take, rest
 }
 
 // running counts the batches under way; bulk those of them without a first chunk in the lead.
@@ -488,7 +506,7 @@ func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem, worker int
 	}
 	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
 	if _, bulk := l.running(); len(l.runs) == 1 || bulk < len(l.runs)-1 {
-		take, rest = takeBatch(items, l.budget, l.spread, l.busy, info)
+		take, rest = l.trim(takeBatch(items, l.budget, l.spread, l.busy, info))
 		return take, rest, worker
 	}
 	// The last free worker is kept for first chunks.
@@ -500,7 +518,7 @@ func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem, worker int
 			later = append(later, it)
 		}
 	}
-	take, first = takeBatch(first, l.budget, l.spread, l.busy, info)
+	take, first = l.trim(takeBatch(first, l.budget, l.spread, l.busy, info))
 	return take, append(first, later...), worker
 }
 
@@ -524,7 +542,7 @@ func (l *flowLanes) remove(r *flowRun) {
 // finished batch to the vocoder. It alone touches the lanes and the streams' flow state.
 func (e *Engine) flowLoop() {
 	defer e.wg.Done()
-	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken)
+	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit)
 	finished := make(chan *flowRun)
 	ready := e.flowQ.ready
 	var waiting []*flowItem

@@ -56,8 +56,11 @@ type LMSpec struct {
 
 // FlowSpec describes the flow-matching encoder and estimator.
 type FlowSpec struct {
-	Encoder        string  `yaml:"encoder"`
-	Estimator      string  `yaml:"estimator"`
+	Encoder   string `yaml:"encoder"`
+	Estimator string `yaml:"estimator"`
+	// Step is a graph of one whole Euler step, guidance included (docs/pipeline.md); when given,
+	// the engine runs it instead of the estimator, keeping the sample on the device.
+	Step           string  `yaml:"step"`
 	MelBins        int     `yaml:"mel_bins"`
 	FramesPerToken int     `yaml:"frames_per_token"`
 	Steps          int     `yaml:"steps"`
@@ -152,7 +155,14 @@ func (m *Manifest) validate() error {
 	for _, c := range m.Streaming.ChunkTokens {
 		need(c > 0, "streaming.chunk_tokens", "every chunk must be at least one token")
 	}
-	for key, f := range map[string]string{"lm.file": m.LM.File, "flow.encoder": m.Flow.Encoder, "flow.estimator": m.Flow.Estimator, "vocoder.file": m.Vocoder.File} {
+	need(m.Flow.Estimator != "" || m.Flow.Step != "", "flow.estimator", "is required (or flow.step)")
+	files := map[string]string{"lm.file": m.LM.File, "flow.encoder": m.Flow.Encoder, "vocoder.file": m.Vocoder.File}
+	for key, f := range map[string]string{"flow.estimator": m.Flow.Estimator, "flow.step": m.Flow.Step} {
+		if f != "" {
+			files[key] = f
+		}
+	}
+	for key, f := range files {
 		if f == "" {
 			errs = append(errs, fmt.Errorf("%s: is required", key))
 			continue

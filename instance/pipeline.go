@@ -76,7 +76,7 @@ func (p *Pipeline) Close() error {
 		p.lm.close()
 	}
 	for _, f := range p.flows {
-		errs = append(errs, f.encoder.Destroy(), f.estimator.Destroy())
+		errs = append(errs, f.close())
 	}
 	if p.voc != nil {
 		errs = append(errs, p.voc.close())

@@ -40,7 +40,12 @@ type runtime struct {
 	// without capturing them (to tell the graphs' effect on results from the shapes'); "off" lets
 	// ONNX Runtime run any shape; empty: lmGraphMode decides.
 	lmGraph string
-	library string
+	// flowGraph is provider option flow_cuda_graph, for a manifest with a flow step graph: "on"
+	// runs each Euler step of a batch of a bucket's shape as a CUDA graph, "fixed" runs the
+	// buckets' shapes without capturing them, "off" runs every batch in its own shape; empty:
+	// flowGraphMode decides.
+	flowGraph string
+	library   string
 }
 
 // newRuntime loads libonnxruntime and prepares session options for the provider. ONNX Runtime's
@@ -82,6 +87,11 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 				return nil, fmt.Errorf("provider option lm_cuda_graph: %q is not on, decode, off or fixed", v)
 			}
 			r.lmGraph = v
+		case "flow_cuda_graph":
+			if v != "on" && v != "fixed" && v != "off" {
+				return nil, fmt.Errorf("provider option flow_cuda_graph: %q is not on, fixed or off", v)
+			}
+			r.flowGraph = v
 		case "flow_workers":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 1 || n > 8 {
@@ -290,6 +300,30 @@ func (r *runtime) lmGraphMode(m *Manifest) string {
 		return "on"
 	}
 	return "off"
+}
+
+// flowGraphMode is flow_cuda_graph: as configured, else on with CUDA, off on the CPU.
+func (r *runtime) flowGraphMode() string {
+	switch {
+	case r.flowGraph != "":
+		return r.flowGraph
+	case r.provider == "cuda":
+		return "on"
+	}
+	return "off"
+}
+
+// flowPlacement is where a flow session made through iobind runs (name tells its profile apart),
+// with the flow's CUDA options; graphs: its runs may capture CUDA graphs.
+func (r *runtime) flowPlacement(name string, graphs bool) iobind.Placement {
+	p := r.placement()
+	if o := r.flowCUDAOptions(); len(o) > 0 {
+		p.ProviderOptions = maps.Clone(p.ProviderOptions)
+		maps.Copy(p.ProviderOptions, o)
+	}
+	p.CUDAGraph = p.CUDA && graphs
+	p.Profile = r.profilePrefix(name)
+	return p
 }
 
 // lmPlacement is where the LM runs: its decode steps are short and on the path of every stream,

@@ -22,9 +22,18 @@ type flowStage struct {
 	m         *Manifest
 	encoder   *ort.DynamicAdvancedSession
 	estimator *ort.DynamicAdvancedSession
+	// steps runs the manifest's step graph (flow.step) in place of encoder and estimator.
+	steps *flowSteps
 }
 
 func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
+	if m.Flow.Step != "" {
+		st, err := newFlowSteps(rt, m)
+		if err != nil {
+			return nil, err
+		}
+		return &flowStage{m: m, steps: st}, nil
+	}
 	enc, err := rt.flowSession("flow_encoder", m.Path(m.Flow.Encoder), []string{m.Tensor("speech_tokens"), m.Tensor("token_mask")}, []string{m.Tensor("mu")})
 	if err != nil {
 		return nil, fmt.Errorf("flow encoder: %w", err)
@@ -41,6 +50,9 @@ func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
 // run returns each job's mel, channel-major [mel_bins][frames]. Once stop is closed it gives up
 // before the next Euler step.
 func (s *flowStage) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
+	if s.steps != nil {
+		return s.steps.run(jobs, stop)
+	}
 	b, err := s.start(jobs)
 	if err != nil {
 		return nil, err
@@ -56,6 +68,22 @@ func (s *flowStage) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, erro
 		}
 	}
 	return b.mels(), nil
+}
+
+// fit is how many of n waiting items of up to tokens tokens the next batch should take.
+func (s *flowStage) fit(n, tokens int) int {
+	if s.steps == nil || s.steps.buckets == nil {
+		return n
+	}
+	return s.steps.fit(n, tokens)
+}
+
+func (s *flowStage) close() error {
+	if s.steps != nil {
+		s.steps.close()
+		return nil
+	}
+	return errors.Join(s.encoder.Destroy(), s.estimator.Destroy())
 }
 
 // flowBatch is one batch of flow jobs between Euler steps.

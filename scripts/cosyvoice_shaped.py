@@ -365,8 +365,13 @@ def conv1d_as_matmul(x, conv, left, right):
     xp = F.pad(x, (0, 0, left, right))                                             # [B,Tp,C_in]
     t_out = xp.shape[1] - K + 1
     xg = xp.reshape(B, xp.shape[1], G, c_in_g).permute(2, 0, 1, 3)                 # [G,B,Tp,Ci]
-    idx = (torch.arange(t_out, device=x.device).unsqueeze(1)
-           + torch.arange(K, device=x.device).unsqueeze(0)).reshape(-1)           # [T_out*K]
+    # Frame indices t + k. Counted on the device from the data's own length rather than with
+    # arange(t_out): ONNX Runtime computes a shape-derived Range on the CPU and copies it to the
+    # GPU on every run, and a graph with such a copy cannot be captured as a CUDA graph
+    # (docs/pipeline.md, the flow's step graph). Float32 counts are exact to 2^24 frames.
+    n = torch.cumsum(torch.zeros_like(xp[0, :, 0], dtype=torch.float32) + 1.0, 0)   # 1..Tp
+    first = (n if K == 1 else n[:1 - K]).to(torch.int64) - 1                       # 0..T_out-1
+    idx = (first.unsqueeze(1) + torch.arange(K, device=x.device).unsqueeze(0)).reshape(-1)  # [T_out*K]
     cols = torch.index_select(xg, 2, idx).reshape(G, B * t_out, K * c_in_g)        # [G,B*T,K*Ci]
     # w[g, k*Ci + i, o] = weight[g*Co + o, i, k]; constant-folded into one initializer.
     w = conv.weight.reshape(G, c_out_g, c_in_g, K).permute(0, 3, 2, 1).reshape(G, K * c_in_g, c_out_g)
@@ -871,6 +876,30 @@ class FlowEstimator(nn.Module):
         shift, scale = self.final_modulation(temb).unsqueeze(1).chunk(2, dim=-1)
         h = self.norm_out(h) * (1 + scale) + shift
         return self.proj_out(h).transpose(1, 2) * mask
+
+
+class FlowStep(nn.Module):
+    """One Euler step of the flow with classifier-free guidance, as voxmux's engine takes it on
+    the host from the estimator (docs/pipeline.md): forward(x [B,80,F], mask [B,1,F],
+    mu [B,80,F], t [B], dt [1], cfg [1]) -> x + dt * ((1 + cfg) * v(x, mu) - cfg * v(x, 0)), both
+    passes in one estimator call of batch 2B. Float32 in and out; the estimator computes in dtype
+    and the update is float32, so ten steps round like the host's. As one graph the sample, its
+    conditioning and the mask can stay on the GPU for all steps of a batch, and each step can
+    replay as one CUDA graph."""
+
+    def __init__(self, estimator, dtype):
+        super().__init__()
+        self.est = estimator
+        self.dtype = dtype
+
+    def forward(self, x, mask, mu, t, dt, cfg):
+        d = self.dtype
+        xd, md, mud = x.to(d), mask.to(d), mu.to(d)
+        v = self.est(torch.cat((xd, xd)), torch.cat((md, md)), torch.cat((mud, torch.zeros_like(mud))),
+                     torch.cat((t, t)).to(d)).to(torch.float32)
+        B = x.shape[0]
+        vc, vu = v[:B], v[B:]   # slices, not chunk(): a traced chunk of a dynamic size is a sequence op
+        return x + dt * ((1 + cfg) * vc - cfg * vu)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@
                                               [--opset 17] [--plain] [--cache shared|concat]
                                               [--no-verify]
 
-Writes OUT_DIR/lm.onnx, flow_encoder.onnx, flow_estimator.onnx, vocoder.onnx (the stage contract of
-docs/pipeline.md, dynamic batch and length axes), OUT_DIR/pipeline.yaml (the manifest) and
+Writes OUT_DIR/lm.onnx, flow_encoder.onnx, flow_estimator.onnx, flow_step.onnx (the estimator with
+guidance and the Euler update), vocoder.onnx (the stage contract of docs/pipeline.md, dynamic batch
+and length axes), OUT_DIR/pipeline.yaml (the manifest) and
 OUT_DIR/weights.pt (the same weights as a PyTorch state dict, for scripts/baseline_server.py). Then
 it checks every graph with ONNX Runtime against the PyTorch modules: shapes, dtypes, masking of
 padded items, that a padded batch gives each item what it gets alone, that KV-cache decoding
@@ -19,7 +20,7 @@ cosyvoice_shaped.py says why); --plain writes them in standard ONNX operators on
 ONNX runtime can load.
 
 Needs torch, onnx and onnxruntime (onnxruntime-gpu for the CUDA check); runs on a GPU host. The
-.onnx files are large (about 1.4 GB in float16) and are never committed.
+.onnx files are large (about 2 GB in float16) and are never committed.
 """
 
 import argparse
@@ -84,6 +85,7 @@ lm:
 flow:
   encoder: flow_encoder.onnx
   estimator: flow_estimator.onnx
+  step: flow_step.onnx       # guidance and the Euler update in the graph: the engine keeps the sample on the GPU
   mel_bins: {mel_bins}
   frames_per_token: {fpt}
   steps: {steps}
@@ -171,6 +173,7 @@ class F32IO(torch.nn.Module):
 def export_all(models, out_dir, dtype, device, opset, fused, cache, only=None):
     lm = models.lm
     enc, est, voc = (F32IO(m, dtype) for m in (models.flow_encoder, models.flow_estimator, models.vocoder))
+    step = cs.FlowStep(models.flow_estimator, dtype)
     lm_dtype, dtype = dtype, torch.float32  # only the LM's cache is in the model's dtype
     B, T, P = 2, 3, 5
     past = []
@@ -217,6 +220,16 @@ def export_all(models, out_dir, dtype, device, opset, fused, cache, only=None):
          ["x", "mask", "mu", "t"], ["velocity"],
          {"x": {0: "batch", 2: "frames"}, "mask": {0: "batch", 2: "frames"},
           "mu": {0: "batch", 2: "frames"}, "t": {0: "batch"}, "velocity": {0: "batch", 2: "frames"}}),
+        ("flow_step.onnx", step,
+         (torch.randn(B, cs.MEL_BINS, 14, device=device, dtype=dtype),
+          torch.ones(B, 1, 14, device=device, dtype=dtype),
+          torch.randn(B, cs.MEL_BINS, 14, device=device, dtype=dtype),
+          torch.rand(B, device=device, dtype=dtype),
+          torch.tensor([0.1], device=device, dtype=dtype),
+          torch.tensor([CFG_STRENGTH], device=device, dtype=dtype)),
+         ["x", "mask", "mu", "t", "dt", "cfg"], ["x_next"],
+         {"x": {0: "batch", 2: "frames"}, "mask": {0: "batch", 2: "frames"},
+          "mu": {0: "batch", 2: "frames"}, "t": {0: "batch"}, "x_next": {0: "batch", 2: "frames"}}),
         ("vocoder.onnx", voc, (torch.randn(B, cs.MEL_BINS, 9, device=device, dtype=dtype),),
          ["mel"], ["audio"], {"mel": {0: "batch", 2: "frames"}, "audio": {0: "batch", 1: "samples"}}),
     ]
@@ -457,6 +470,35 @@ def verify_flow(chk, enc_sess, est_sess, enc, est, device, dtype, np_dtype):
     chk.close("velocity: ONNX Runtime vs PyTorch", v, want)
 
 
+def verify_flow_step(chk, step_sess, est_sess, step, device):
+    """flow_step.onnx against the estimator graph with the engine's host update, alone against
+    padded, and against PyTorch."""
+    log("checking flow_step.onnx")
+    rng = np.random.default_rng(2)
+    F = 18
+    x = rng.standard_normal((2, cs.MEL_BINS, F)).astype(np.float32)
+    mask = np.ones((2, 1, F), np.float32)
+    mask[1, :, 10:] = 0
+    x[1, :, 10:] = 0
+    mu = (rng.standard_normal((2, cs.MEL_BINS, F)) * mask).astype(np.float32)
+    t = np.array([0.4, 0.4], np.float32)
+    dt = np.array([0.1], np.float32)
+    cfg = np.array([CFG_STRENGTH], np.float32)
+    feed = {"x": x, "mask": mask, "mu": mu, "t": t, "dt": dt, "cfg": cfg}
+    got = step_sess.run(None, feed)[0]
+    chk.true("x_next shape", got.shape == x.shape, str(got.shape))
+    v = est_sess.run(None, {"x": np.concatenate((x, x)), "mask": np.concatenate((mask, mask)),
+                            "mu": np.concatenate((mu, np.zeros_like(mu))), "t": np.concatenate((t, t))})[0]
+    chk.close("x_next: step graph vs estimator graph and the host's update", got,
+              x + dt * ((1 + cfg) * v[:2] - cfg * v[2:]))
+    alone = step_sess.run(None, {"x": x[1:, :, :10], "mask": mask[1:, :, :10], "mu": mu[1:, :, :10],
+                                 "t": t[1:], "dt": dt, "cfg": cfg})[0]
+    chk.close("x_next: padded batch vs alone", got[1, :, :10], alone[0])
+    with torch.no_grad():
+        want = to_np(step(*(torch.from_numpy(a).to(device) for a in (x, mask, mu, t, dt, cfg))))
+    chk.close("x_next: ONNX Runtime vs PyTorch", got, want)
+
+
 def verify_vocoder(chk, sess, voc, device, dtype, np_dtype, context):
     log("checking vocoder.onnx")
     for o in sess.get_outputs():
@@ -502,17 +544,19 @@ def checks_on_cpu(provider):
     return provider == "cpu" or (provider == "auto" and "CUDAExecutionProvider" not in ort.get_available_providers())
 
 
-def verify(out_dir, models, device, dtype, provider, cache, estimator=None):
+def verify(out_dir, models, device, dtype, provider, cache, estimator=None, step=None):
     import onnxruntime as ort
     fp16 = dtype == torch.float16
     np_dtype = np.float16 if fp16 else np.float32
     chk = Checker(fp16)
     log("verifying with ONNX Runtime %s (%s)" % (ort.__version__, ", ".join(ort.get_available_providers())))
     sess = {n: ort_session(os.path.join(out_dir, n + ".onnx"), provider)
-            for n in ("lm", "flow_encoder", "flow_estimator", "vocoder")
-            if not (n == "flow_estimator" and estimator)}
+            for n in ("lm", "flow_encoder", "flow_estimator", "flow_step", "vocoder")
+            if not (n == "flow_estimator" and estimator) and not (n == "flow_step" and step)}
     if estimator:
         sess["flow_estimator"] = ort_session(estimator, provider)
+    if step:
+        sess["flow_step"] = ort_session(step, provider)
     log("  sessions run on %s" % sess["lm"].get_providers()[0])
     if cache == "shared":
         verify_lm_shared(chk, sess["lm"], models.lm, device, dtype, np_dtype)
@@ -521,6 +565,7 @@ def verify(out_dir, models, device, dtype, provider, cache, estimator=None):
     # Flow and vocoder take and give float32 whatever the model's dtype (F32IO).
     verify_flow(chk, sess["flow_encoder"], sess["flow_estimator"], F32IO(models.flow_encoder, dtype),
                 F32IO(models.flow_estimator, dtype), device, torch.float32, np.float32)
+    verify_flow_step(chk, sess["flow_step"], sess["flow_estimator"], cs.FlowStep(models.flow_estimator, dtype), device)
     verify_vocoder(chk, sess["vocoder"], models.vocoder, device, dtype, np.float32,
                    context_tokens() * cs.FRAMES_PER_TOKEN)
     return chk.failures
@@ -699,7 +744,7 @@ def main():
 
     if a.no_verify:
         return 0
-    estimator = None
+    estimator = step = None
     if qkv_attention and checks_on_cpu(a.provider):
         # Everything else in the estimator is the same graph; the Attention form itself is
         # compared with the split form on a GPU by scripts/export_attention_check.py.
@@ -709,12 +754,14 @@ def main():
             "split form (--dit-attention split, same weights) from %s; scripts/export_attention_check.py "
             "compares the two forms on a GPU" % check_dir)
         cs.use_qkv_attention(models.flow_estimator, False)
-        export_all(models, check_dir, dtype, a.device, a.opset, not a.plain, a.cache, only={"flow_estimator.onnx"})
+        export_all(models, check_dir, dtype, a.device, a.opset, not a.plain, a.cache,
+                   only={"flow_estimator.onnx", "flow_step.onnx"})
         estimator = os.path.join(check_dir, "flow_estimator.onnx")
+        step = os.path.join(check_dir, "flow_step.onnx")
     # The checks compare the graphs with the plain modules, as the baseline runs them.
     cs.use_fused(models, False)
     try:
-        failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache, estimator)
+        failures = verify(a.out_dir, models, a.device, dtype, a.provider, a.cache, estimator, step)
     except Exception as e:
         log("verification could not run: %s: %s" % (type(e).__name__, e))
         log("hint: float16 graphs need ONNX Runtime's CUDA provider (onnxruntime-gpu) on most builds; "

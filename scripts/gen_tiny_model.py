@@ -3,7 +3,7 @@
 
     usage: scripts/gen_tiny_model.py [OUT_DIR]      (OUT_DIR defaults to models/tiny)
 
-Writes lm.onnx, flow_encoder.onnx, flow_estimator.onnx and vocoder.onnx, following the stage I/O
+Writes lm.onnx, flow_encoder.onnx, flow_estimator.onnx, flow_step.onnx and vocoder.onnx, following the stage I/O
 contract in docs/pipeline.md with the manifest values of the `tiny` model (pipeline.yaml is written
 by hand, not by this script). The weights are random, so the audio is noise, but the graph structure
 is the real thing: a grouped-query-attention decoder with an explicit KV cache, a masked
@@ -16,11 +16,17 @@ by the contrib op com.microsoft.GroupQueryAttention. Its inputs are input_ids, s
 cached + T - 1 per row) and total_sequence_length (int32 scalar); a token's position is its cache
 index, derived from seqlens_k in the graph, so there is no position_ids or attention_mask input.
 
+And flow_step.onnx: one Euler step of the flow with classifier-free guidance around the estimator
+graph (the same weights, from the same random draws): x_next = x + dt * ((1 + cfg) * v(x, mu) -
+cfg * v(x, 0)), both passes in one estimator call of batch 2B, with inputs x, mask, mu, t [B],
+dt [1] and cfg [1] (docs/pipeline.md).
+
 Needs only the `onnx` and `numpy` packages (Debian: python3-onnx, python3-numpy); graphs are built
 by hand with onnx.helper. The output is deterministic: the same onnx version writes byte-identical
 files on every run (fixed seed, no timestamps, fixed producer fields).
 """
 
+import copy
 import os
 import sys
 
@@ -489,6 +495,52 @@ def build_flow_estimator(rng):
     return g.model("voxmux_tiny_flow_estimator", doc, inputs, outputs)
 
 
+def build_flow_step(estimator):
+    """The estimator's nodes on doubled inputs, then guidance and the Euler update."""
+    g = GraphBuilder(None)
+    B, F = "batch", "frames"
+    inputs = [
+        tensor("x", FLOAT, [B, MEL_BINS, F], "current sample"),
+        tensor("mask", FLOAT, [B, 1, F], "1 for real frames, 0 for padding"),
+        tensor("mu", FLOAT, [B, MEL_BINS, F], "conditioning from the encoder"),
+        tensor("t", FLOAT, [B], "flow time in [0, 1), the same for every item"),
+        tensor("dt", FLOAT, [1], "step size"),
+        tensor("cfg", FLOAT, [1], "guidance strength"),
+    ]
+    outputs = [tensor("x_next", FLOAT, [B, MEL_BINS, F], "x after the step; zero at padded frames")]
+    # Conditional and unconditional passes as one batch of 2B: [x; x], [mu; 0].
+    rename = {n: "cfg/" + n for n in ("x", "mask", "mu", "t")}
+    for n in ("x", "mask", "t"):
+        g.op("Concat", "cfg/concat_" + n, [n, n], out=rename[n], axis=0)
+    zeros = g.op("Sub", "cfg/zeros", ["mu", "mu"])
+    g.op("Concat", "cfg/concat_mu", ["mu", zeros], out=rename["mu"], axis=0)
+    rename["velocity"] = "cfg/velocity"
+    for init in estimator.graph.initializer:
+        g.inits.append(init)
+        g.names.add(init.name)
+    for node in estimator.graph.node:
+        n = copy.deepcopy(node)
+        n.input[:] = [rename.get(i, i) for i in n.input]
+        n.output[:] = [rename.get(o, o) for o in n.output]
+        g.nodes.append(n)
+        g.names.add(n.name)
+    # v(x, mu) is the first B rows, v(x, 0) the rest.
+    b = g.op("Slice", "cfg/batch", [g.op("Shape", "cfg/shape", ["x"]), g.const_i64("cfg/zero", [0]),
+                                    g.const_i64("cfg/one", [1])])
+    big = g.const_i64("cfg/end", [np.iinfo(np.int64).max])
+    axis = g.const_i64("cfg/axis", [0])
+    vc = g.op("Slice", "cfg/v_cond", ["cfg/velocity", g.const_i64("cfg/start", [0]), b, axis])
+    vu = g.op("Slice", "cfg/v_uncond", ["cfg/velocity", b, big, axis])
+    one_plus = g.op("Add", "update/one_plus_cfg", ["cfg", g.const_f32("update/one", [1.0])])
+    v = g.op("Sub", "update/guided", [g.op("Mul", "update/cond", [vc, one_plus]),
+                                      g.op("Mul", "update/uncond", [vu, "cfg"])])
+    g.op("Add", "update/euler", ["x", g.op("Mul", "update/scale", [v, "dt"])], out="x_next")
+    doc = ("voxmux tiny flow step (random weights, the estimator's): one Euler step with "
+           "classifier-free guidance, x + dt * ((1 + cfg) * v(x, mu) - cfg * v(x, 0)), both passes "
+           "in one estimator call of batch 2B.")
+    return g.model("voxmux_tiny_flow_step", doc, inputs, outputs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Vocoder
 
@@ -545,12 +597,15 @@ def main(argv):
 
     rng = np.random.default_rng(SEED)
     lm = build_lm(rng)
+    encoder = build_flow_encoder(rng)
+    estimator = build_flow_estimator(rng)
     models = [
         ("lm.onnx", lm),
-        ("flow_encoder.onnx", build_flow_encoder(rng)),
-        ("flow_estimator.onnx", build_flow_estimator(rng)),
+        ("flow_encoder.onnx", encoder),
+        ("flow_estimator.onnx", estimator),
         ("vocoder.onnx", build_vocoder(rng)),
         ("lm_shared.onnx", build_lm_shared(lm)),   # after the others: draws no random numbers
+        ("flow_step.onnx", build_flow_step(estimator)),   # neither: the estimator's weights
     ]
     for fname, m in models:
         path = os.path.join(out_dir, fname)
