@@ -3,6 +3,8 @@ package instance
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"slices"
 
 	"github.com/voxmux/voxmux/instance/iobind"
@@ -132,6 +134,7 @@ func (s *flowSteps) constants() error {
 // a shape's first run. The inputs are zero (every frame masked); what the runs write is never read.
 func (s *flowSteps) makeBuckets(graphs bool) error {
 	s.buckets = map[[2]int]*flowBucket{}
+	var checks []*flowBucket // in the order made
 	runs := 1
 	if graphs {
 		runs = 3
@@ -151,11 +154,69 @@ func (s *flowSteps) makeBuckets(graphs bool) error {
 			}
 			s.buckets[[2]int{B, N}] = b
 			for range runs {
-				if err := s.thread.do(func() error { return s.runStep(b) }); err != nil {
+				if err := s.thread.do(func() error { return s.runStep(b, b.id) }); err != nil {
 					return fmt.Errorf("flow step, %d items of %d tokens: %w", B, N, err)
 				}
 			}
+			checks = append(checks, b)
 		}
+	}
+	if !graphs || len(checks) == 0 {
+		return nil
+	}
+	// The first graph captured and the last: a kernel that is unsafe to capture shows up after
+	// later runs have reused what its replay reads.
+	for _, b := range []*flowBucket{checks[0], checks[len(checks)-1]} {
+		if err := s.thread.do(func() error { return s.check(b) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check compares a replay of bucket b's graph with a plain run of the same step. Some of ONNX
+// Runtime's CUDA kernels pass their arguments through a host buffer that only the capture fills
+// (Split into more than 32 outputs, Concat of unequal inputs), and their graphs compute garbage
+// without an error.
+func (s *flowSteps) check(b *flowBucket) error {
+	C, F := s.m.Flow.MelBins, b.N*s.m.Flow.FramesPerToken
+	rng := rand.New(rand.NewPCG(uint64(b.B), uint64(b.N)))
+	x, mu := make([]float32, b.B*C*F), make([]float32, b.B*C*F)
+	for i := range x {
+		x[i], mu[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
+	}
+	mask, times := make([]float32, b.B*F), make([]float32, b.B)
+	for i := range mask {
+		mask[i] = 1
+	}
+	for i := range times {
+		times[i] = 0.5
+	}
+	var out [2][]float32
+	for k, id := range []int{b.id, iobind.NoGraph} {
+		for _, u := range []struct {
+			t *iobind.Tensor
+			d []float32
+		}{{b.x, x}, {b.mu, mu}, {b.mask, mask}, {b.times, times}} {
+			if err := iobind.Upload(u.t, u.d); err != nil {
+				return fmt.Errorf("flow step check: %w", err)
+			}
+		}
+		if err := s.runStep(b, id); err != nil {
+			return err
+		}
+		out[k] = make([]float32, len(x))
+		if err := iobind.Download(out[k], b.x); err != nil {
+			return fmt.Errorf("flow step check: %w", err)
+		}
+	}
+	var d, n float64
+	for i, v := range out[1] {
+		d += float64(out[0][i]-v) * float64(out[0][i]-v)
+		n += float64(v) * float64(v)
+	}
+	if rel := math.Sqrt(d / max(n, 1e-30)); !(rel <= 1e-3) {
+		return fmt.Errorf("flow step, %d items of %d tokens: its CUDA graph's replay differs from a plain run by %.3g (relative rms): the graph has a kernel that cannot be captured (ONNX Runtime's Split into more than 32 outputs or Concat of unequal inputs); re-export it, or set provider option flow_cuda_graph: fixed", b.B, b.N, rel)
 	}
 	return nil
 }
@@ -302,7 +363,7 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 		if err := iobind.Upload(b.times, times); err != nil {
 			return nil, fmt.Errorf("flow: %w", err)
 		}
-		if err := s.runStep(b); err != nil {
+		if err := s.runStep(b, b.id); err != nil {
 			return nil, err
 		}
 	}
@@ -321,11 +382,12 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	return out, nil
 }
 
-// runStep takes one Euler step of bucket b's sample (its graph, where captured), in place.
-func (s *flowSteps) runStep(b *flowBucket) error {
+// runStep takes one Euler step of bucket b's sample in place, as CUDA graph id (b.id, or
+// iobind.NoGraph for a plain run).
+func (s *flowSteps) runStep(b *flowBucket, id int) error {
 	n := s.names
 	res, err := s.step.RunGraph(map[string]*iobind.Tensor{n.x: b.x, n.mask: b.mask, n.mu: b.mu, n.t: b.times, n.dt: s.dt, n.cfg: s.cfg},
-		[]iobind.Output{{Name: n.next, Into: b.next}}, b.id)
+		[]iobind.Output{{Name: n.next, Into: b.next}}, id)
 	release(res)
 	if err != nil {
 		return fmt.Errorf("flow step: %w", err)

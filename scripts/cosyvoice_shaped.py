@@ -833,8 +833,12 @@ class FlowEstimator(nn.Module):
             stack(lambda b: b.norm2.bias) * (1 + scale2) + shift2,
             stack(lambda b: b.to_out.bias) * gate1,
             stack(lambda b: b.ff_out.bias) * gate2,
-            gate1, gate2), dim=1).reshape(-1).split(D)                              # n*8 of [D]
-        gamma1, beta1, gamma2, beta2, out_bias, ff_bias, g1, g2 = (vecs[k::8] for k in range(8))
+            gate1, gate2), dim=1)                                                   # [n, 8D]
+        # Split per block, 8 at a time: ONNX Runtime's CUDA Split hands the addresses of more
+        # than 32 outputs to its kernel through a host buffer, which the replay of a captured CUDA
+        # graph reads again after the buffer has been reused (wrong results, no error).
+        per = [row.split(D) for row in vecs.unbind(0)]                              # n of 8 [D]
+        gamma1, beta1, gamma2, beta2, out_bias, ff_bias, g1, g2 = ([p[k] for p in per] for k in range(8))
         shift, scale = self.final_modulation(temb).split(D)
         gamma1 = list(gamma1) + [self.norm_out.weight * (1 + scale)]
         beta1 = list(beta1) + [self.norm_out.bias * (1 + scale) + shift]
