@@ -154,18 +154,24 @@ func TestEngineFixedVocoderShapes(t *testing.T) {
 	}
 	dyn := NewEngine(tinyPipeline(t))
 	defer dyn.Close()
-	fixed := testBatchedEqualsAlone(t, p, 40)
+	sameAudio(t, dyn, testBatchedEqualsAlone(t, p, 40), "fixed vocoder shapes against one session")
+}
+
+// sameAudio checks that got holds, for each of batchRequests, the audio e gives it: the same
+// length and samples within 1e-4 (float32 kernels may sum in another order at another shape).
+func sameAudio(t *testing.T, e *Engine, got [][]float32, what string) {
+	t.Helper()
 	for i, r := range batchRequests {
-		want := synth(t, dyn, r)
-		if len(want) != len(fixed[i]) {
-			t.Fatalf("%q: %d samples with fixed vocoder shapes, %d without", r.Text, len(fixed[i]), len(want))
+		want := synth(t, e, r)
+		if len(want) != len(got[i]) {
+			t.Fatalf("%q, %s: %d samples, want %d", r.Text, what, len(got[i]), len(want))
 		}
 		var worst float64
 		for j := range want {
-			worst = max(worst, math.Abs(float64(want[j]-fixed[i][j])))
+			worst = max(worst, math.Abs(float64(want[j]-got[i][j])))
 		}
 		if worst > 1e-4 {
-			t.Errorf("%q: fixed vocoder shapes differ from one session by %g", r.Text, worst)
+			t.Errorf("%q, %s: differs by %g", r.Text, what, worst)
 		}
 	}
 }

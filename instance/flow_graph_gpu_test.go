@@ -3,11 +3,8 @@ package instance
 import (
 	"math"
 	"math/rand/v2"
-	"os"
 	"testing"
 	"time"
-
-	"github.com/voxmux/voxmux/instance/iobind"
 )
 
 // On a GPU host (VOXMUX_GPU_MANIFEST: an export with a flow step graph; ORT_LIB: ONNX Runtime with
@@ -15,19 +12,9 @@ import (
 // steps in the same bucket shapes run by ONNX Runtime, and that of the estimator with the host's
 // update within float16 rounding. One batch of chunks of the lengths a stream has, and one alone.
 func TestFlowGraphsOnGPU(t *testing.T) {
-	path := os.Getenv("VOXMUX_GPU_MANIFEST")
-	if path == "" {
-		t.Skip("VOXMUX_GPU_MANIFEST not set: this test needs a GPU and an exported model")
-	}
-	m, err := LoadManifest(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuManifest(t)
 	if m.Flow.Step == "" || m.Flow.Estimator == "" {
-		t.Fatalf("%s: needs flow.step and flow.estimator", path)
-	}
-	if err := iobind.Init(ortLibrary(t)); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: needs flow.step and flow.estimator", m.File)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var batch []flowJob

@@ -56,13 +56,8 @@ var flowBatchSizes = []int{1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56,
 // every 16 tokens for a stream's last, shorter chunk; each rounded up so that its frames are a
 // multiple of 8 (what the fused attention wants).
 func flowTokenSizes(m *Manifest) []int {
-	R, ctx := m.Flow.FramesPerToken, m.Streaming.ContextTokens
-	align := func(n int) int {
-		for n*R%8 != 0 {
-			n++
-		}
-		return n
-	}
+	ctx := m.Streaming.ContextTokens
+	align := func(n int) int { return alignTokens(m, n) }
 	longest := 0
 	for _, c := range m.Streaming.ChunkTokens {
 		longest = max(longest, c)
@@ -257,10 +252,7 @@ func (s *flowSteps) bucket(B, N int) (b *flowBucket, temp bool, err error) {
 			}
 		}
 	}
-	for N*s.m.Flow.FramesPerToken%8 != 0 {
-		N++
-	}
-	b, err = s.newBucket(iobind.NoGraph, B, N)
+	b, err = s.newBucket(iobind.NoGraph, B, alignTokens(s.m, N))
 	return b, true, err
 }
 
@@ -304,10 +296,7 @@ func (s *flowSteps) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, erro
 }
 
 func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
-	N := 0
-	for _, j := range jobs {
-		N = max(N, len(j.tokens))
-	}
+	lens, N := jobLens(jobs)
 	b, temp, err := s.bucket(len(jobs), N)
 	if err != nil {
 		return nil, err
@@ -315,25 +304,7 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	if temp {
 		defer b.release()
 	}
-	C, R := s.m.Flow.MelBins, s.m.Flow.FramesPerToken
-	F := b.N * R
-	toks := make([]int64, b.B*b.N)
-	tmask := make([]float32, b.B*b.N)
-	mask := make([]float32, b.B*F)
-	x := make([]float32, b.B*C*F)
-	for i, j := range jobs {
-		copy(toks[i*b.N:], j.tokens)
-		for n := range j.tokens {
-			tmask[i*b.N+n] = 1
-		}
-		fb := len(j.tokens) * R
-		for f := 0; f < fb; f++ {
-			mask[i*F+f] = 1
-		}
-		for c := 0; c < C; c++ {
-			copy(x[(i*C+c)*F:(i*C+c)*F+fb], j.noise[c*fb:(c+1)*fb])
-		}
-	}
+	toks, tmask, mask, x := paddedJobs(s.m, jobs, b.B, b.N)
 	for _, u := range []struct {
 		t *iobind.Tensor
 		d any
@@ -370,16 +341,7 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	if err := iobind.Download(x, b.x); err != nil {
 		return nil, fmt.Errorf("flow: %w", err)
 	}
-	out := make([][]float32, len(jobs))
-	for i, j := range jobs {
-		fb := len(j.tokens) * R
-		mel := make([]float32, C*fb)
-		for c := 0; c < C; c++ {
-			copy(mel[c*fb:(c+1)*fb], x[(i*C+c)*F:(i*C+c)*F+fb])
-		}
-		out[i] = mel
-	}
-	return out, nil
+	return jobMels(s.m, lens, x, b.N*s.m.Flow.FramesPerToken), nil
 }
 
 // runStep takes one Euler step of bucket b's sample in place, as CUDA graph id (b.id, or

@@ -1,7 +1,6 @@
 package instance
 
 import (
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -35,20 +34,7 @@ func TestFlowStepGraphEqualsEstimator(t *testing.T) {
 			if got := len(p.flows[0].steps.buckets) > 0; got != (mode == "fixed") {
 				t.Fatalf("mode %s: buckets made: %v", mode, got)
 			}
-			got := testBatchedEqualsAlone(t, p, 0)
-			for i, r := range batchRequests {
-				want := synth(t, est, r)
-				if len(want) != len(got[i]) {
-					t.Fatalf("%q: %d samples from the step graph, %d from the estimator", r.Text, len(got[i]), len(want))
-				}
-				var worst float64
-				for j := range want {
-					worst = max(worst, math.Abs(float64(want[j]-got[i][j])))
-				}
-				if worst > 1e-4 {
-					t.Errorf("%q: the step graph differs from the estimator by %g", r.Text, worst)
-				}
-			}
+			sameAudio(t, est, testBatchedEqualsAlone(t, p, 0), "the step graph against the estimator")
 		})
 	}
 }

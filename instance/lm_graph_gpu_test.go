@@ -14,22 +14,12 @@ import (
 // any shape within float16 rounding. Rows join, step and leave so that steps change buckets.
 // Tokens are fixed, not sampled, so every decoder sees the same sequences.
 func TestLMGraphsOnGPU(t *testing.T) {
-	path := os.Getenv("VOXMUX_GPU_MANIFEST")
-	if path == "" {
-		t.Skip("VOXMUX_GPU_MANIFEST not set: this test needs a GPU and an exported model")
-	}
-	m, err := LoadManifest(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := gpuManifest(t)
 	rt, err := newRuntime(LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rt.close()
-	if err := iobind.Init(ortLibrary(t)); err != nil {
-		t.Fatal(err)
-	}
 	place, graphs := rt.lmPlacement(false), rt.lmPlacement(true)
 	run := func(name string, place iobind.Placement, rows int) [][]float32 {
 		d, err := newLMDecoder(m, place, rows, rows > 0)
@@ -108,4 +98,22 @@ func TestLMGraphsOnGPU(t *testing.T) {
 		t.Errorf("replayed graphs differ from steps in any shape by %g, more than float16 rounding", w)
 	}
 	compare("fixed shapes against any shape", fixed, plain)
+}
+
+// gpuManifest loads the export VOXMUX_GPU_MANIFEST names and readies iobind; without it the test
+// is skipped.
+func gpuManifest(t *testing.T) *Manifest {
+	t.Helper()
+	path := os.Getenv("VOXMUX_GPU_MANIFEST")
+	if path == "" {
+		t.Skip("VOXMUX_GPU_MANIFEST not set: this test needs a GPU and an exported model")
+	}
+	m, err := LoadManifest(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := iobind.Init(ortLibrary(t)); err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -96,27 +96,34 @@ type flowBatch struct {
 	step     int
 }
 
-// start pads the jobs to one length and runs the encoder; no Euler step has run yet.
-func (s *flowStage) start(jobs []flowJob) (*flowBatch, error) {
-	B, C, R := len(jobs), s.m.Flow.MelBins, s.m.Flow.FramesPerToken
-	N := 0
-	for _, j := range jobs {
-		N = max(N, len(j.tokens))
+// alignTokens rounds a length in tokens up to whole runs of 8 frames: ONNX Runtime's fused
+// attention with a bias (float16) needs the length aligned to 8, and falls back to materialising
+// the scores otherwise. The extra frames are padding like any other.
+func alignTokens(m *Manifest, n int) int {
+	for n*m.Flow.FramesPerToken%8 != 0 {
+		n++
 	}
-	// Whole runs of 8 frames: ONNX Runtime's fused attention with a bias (float16) needs the
-	// length aligned to 8, and falls back to materialising the scores otherwise. The extra
-	// frames are padding like any other.
-	for N*R%8 != 0 {
-		N++
+	return n
+}
+
+// jobLens are the jobs' lengths in tokens and the longest.
+func jobLens(jobs []flowJob) (lens []int, longest int) {
+	lens = make([]int, len(jobs))
+	for i, j := range jobs {
+		lens[i] = len(j.tokens)
+		longest = max(longest, lens[i])
 	}
+	return lens, longest
+}
+
+// paddedJobs lays jobs out as B items of N tokens (B ≥ len(jobs)), padding masked: the encoder's
+// tokens [B][N] and token mask, the frame mask [B][F] and the starting sample [B][mel_bins][F].
+func paddedJobs(m *Manifest, jobs []flowJob, B, N int) (toks []int64, tmask, fmask, x []float32) {
+	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
 	F := N * R
-	toks := make([]int64, B*N)
-	tmask := make([]float32, B*N)
-	fmask := make([]float32, B*F)
-	x := make([]float32, B*C*F)
-	lens := make([]int, B)
+	toks, tmask = make([]int64, B*N), make([]float32, B*N)
+	fmask, x = make([]float32, B*F), make([]float32, B*C*F)
 	for b, j := range jobs {
-		lens[b] = len(j.tokens)
 		copy(toks[b*N:], j.tokens)
 		fb := len(j.tokens) * R
 		for n := range j.tokens {
@@ -129,6 +136,32 @@ func (s *flowStage) start(jobs []flowJob) (*flowBatch, error) {
 			copy(x[(b*C+c)*F:(b*C+c)*F+fb], j.noise[c*fb:(c+1)*fb])
 		}
 	}
+	return toks, tmask, fmask, x
+}
+
+// jobMels cuts each job's mel, channel-major [mel_bins][frames], out of x laid out as paddedJobs
+// does with F frames per item; lens are the jobs' tokens.
+func jobMels(m *Manifest, lens []int, x []float32, F int) [][]float32 {
+	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	out := make([][]float32, len(lens))
+	for j, n := range lens {
+		fb := n * R
+		mel := make([]float32, C*fb)
+		for c := 0; c < C; c++ {
+			copy(mel[c*fb:(c+1)*fb], x[(j*C+c)*F:(j*C+c)*F+fb])
+		}
+		out[j] = mel
+	}
+	return out
+}
+
+// start pads the jobs to one length and runs the encoder; no Euler step has run yet.
+func (s *flowStage) start(jobs []flowJob) (*flowBatch, error) {
+	B, C := len(jobs), s.m.Flow.MelBins
+	lens, N := jobLens(jobs)
+	N = alignTokens(s.m, N)
+	F := N * s.m.Flow.FramesPerToken
+	toks, tmask, fmask, x := paddedJobs(s.m, jobs, B, N)
 	mu, err := s.encode(B, N, toks, tmask)
 	if err != nil {
 		return nil, err
@@ -183,19 +216,7 @@ func (b *flowBatch) advance() error {
 }
 
 // mels returns each job's mel, channel-major [mel_bins][frames], once the batch is done.
-func (b *flowBatch) mels() [][]float32 {
-	C, R, F := b.s.m.Flow.MelBins, b.s.m.Flow.FramesPerToken, b.F
-	out := make([][]float32, len(b.lens))
-	for j, n := range b.lens {
-		fb := n * R
-		mel := make([]float32, C*fb)
-		for c := 0; c < C; c++ {
-			copy(mel[c*fb:(c+1)*fb], b.x[(j*C+c)*F:(j*C+c)*F+fb])
-		}
-		out[j] = mel
-	}
-	return out
-}
+func (b *flowBatch) mels() [][]float32 { return jobMels(b.s.m, b.lens, b.x, b.F) }
 
 func (s *flowStage) encode(B, N int, toks []int64, tmask []float32) ([]float32, error) {
 	a, err := ort.NewTensor(ort.NewShape(int64(B), int64(N)), toks)
