@@ -57,20 +57,19 @@ var flowBatchSizes = []int{1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56,
 // multiple of 8 (what the fused attention wants).
 func flowTokenSizes(m *Manifest) []int {
 	ctx := m.Streaming.ContextTokens
-	align := func(n int) int { return alignTokens(m, n) }
 	longest := 0
 	for _, c := range m.Streaming.ChunkTokens {
 		longest = max(longest, c)
 	}
-	longest = align(longest + ctx)
+	longest = alignTokens(m, longest+ctx)
 	var out []int
 	sum := 0
 	for _, c := range m.Streaming.ChunkTokens {
-		out = append(out, align(c+min(ctx, sum)))
+		out = append(out, alignTokens(m, c+min(ctx, sum)))
 		sum += c
 	}
 	for n := 16; n < longest; n += 16 {
-		out = append(out, align(n))
+		out = append(out, alignTokens(m, n))
 	}
 	out = append(out, longest)
 	slices.Sort(out)

@@ -72,7 +72,7 @@ func (s *flowStage) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, erro
 
 // fit is how many of n waiting items of up to tokens tokens the next batch should take.
 func (s *flowStage) fit(n, tokens int) int {
-	if s.steps == nil || s.steps.buckets == nil {
+	if s.steps == nil {
 		return n
 	}
 	return s.steps.fit(n, tokens)
