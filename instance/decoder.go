@@ -52,6 +52,9 @@ func newDecoder(m *Manifest, place iobind.Placement) (*decoder, error) {
 // limit: the concat cache grows as needed.
 func (d *decoder) limit() int { return 0 }
 
+// prefillRows: this cache contract's prefill shapes are not prepared at load.
+func (d *decoder) prefillRows() int { return 0 }
+
 func (d *decoder) size() int { return len(d.rows) }
 
 func (d *decoder) close() {

@@ -22,6 +22,9 @@ type lmDecoder interface {
 	size() int
 	// limit is the most positions (prompt and speech tokens) one sequence may hold; 0: no bound.
 	limit() int
+	// prefillRows is the most prompts one join takes in shapes prepared at load (warmed up or
+	// captured as graphs); 0: any number is as good.
+	prefillRows() int
 	release()
 	close()
 }
@@ -626,6 +629,14 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 		d.slots[from+b] = rows[b]
 	}
 	return rows, out, nil
+}
+
+func (d *sharedDecoder) prefillRows() int {
+	n := 0
+	for _, bt := range d.prefillShapes() {
+		n = max(n, bt[0])
+	}
+	return n
 }
 
 // prefillGraph is the captured prefill of B rows of T tokens, if there is one.

@@ -456,3 +456,45 @@ func TestFirstAudio(t *testing.T) {
 		}
 	}
 }
+
+// A burst of arrivals runs as prefills of at most the decoder's prepared batch size, each of
+// prompts of similar length, and every stream is in exactly one of them.
+func TestPrefillGroups(t *testing.T) {
+	lens := []int{30, 5, 200, 17, 5, 90, 31, 64, 12, 150, 7}
+	var fresh []*stream
+	for _, n := range lens {
+		fresh = append(fresh, &stream{prompt: make([]int64, n)})
+	}
+	groups := prefillGroups(fresh, 4)
+	if len(groups) != 3 {
+		t.Fatalf("%d groups, want 3 (11 prompts, 4 a group)", len(groups))
+	}
+	seen := map[*stream]bool{}
+	last := 0
+	for _, g := range groups {
+		if len(g) > 4 {
+			t.Errorf("a group of %d prompts, want at most 4", len(g))
+		}
+		for _, s := range g {
+			if len(s.prompt) < last {
+				t.Errorf("prompt of %d tokens after one of %d: groups not by length", len(s.prompt), last)
+			}
+			last = len(s.prompt)
+			seen[s] = true
+		}
+	}
+	if len(seen) != len(fresh) {
+		t.Errorf("%d streams in the groups, want %d", len(seen), len(fresh))
+	}
+	if g := prefillGroups(fresh, 0); len(g) != 1 || len(g[0]) != len(fresh) {
+		t.Errorf("n=0: %d groups, want one of every stream", len(g))
+	}
+	for i, s := range fresh {
+		if len(s.prompt) != lens[i] {
+			t.Fatalf("prefillGroups reordered its argument")
+		}
+	}
+	if g := prefillGroups(nil, 8); g != nil {
+		t.Errorf("no streams: %d groups", len(g))
+	}
+}
