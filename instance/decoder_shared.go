@@ -195,7 +195,7 @@ func (d *sharedDecoder) warmPrefill() error {
 // batches of 1 to 8 rows, every padded length up to 256 tokens.
 func (d *sharedDecoder) prefillShapes() [][2]int {
 	var out [][2]int
-	for B := 1; B <= 8 && (d.g == nil || B <= len(d.slots)); B *= 2 {
+	for B := 1; B <= d.prefillRows(); B *= 2 {
 		for T := prefillStep; T <= min(256, d.maxPos); T += prefillStep {
 			out = append(out, [2]int{B, T})
 		}
@@ -631,10 +631,12 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 	return rows, out, nil
 }
 
+// prefillRows is a power of two, as the prefills' batches are (join): 8, or fewer where the
+// graphs' cache has fewer slots.
 func (d *sharedDecoder) prefillRows() int {
-	n := 0
-	for _, bt := range d.prefillShapes() {
-		n = max(n, bt[0])
+	n := 8
+	for d.g != nil && n > len(d.slots) {
+		n /= 2
 	}
 	return n
 }
