@@ -2,6 +2,7 @@ package instance
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -115,40 +116,48 @@ func TestEngineFlowWorkersEqualAlone(t *testing.T) {
 	testBatchedEqualsAlone(t, p, 40)
 }
 
-// The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the longest the engine
-// makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
+// The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the next length the
+// engine makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
 func TestEngineFixedVocoderShapes(t *testing.T) {
 	p, err := loadTiny(t, map[string]string{"vocoder_batches": "1,2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := p.voc.batches; len(got) != 2 || got[0] != 1 || got[1] != 2 || p.voc.frames != (50+4)*2 {
-		t.Fatalf("fixed vocoder batches %v of %d frames, want [1 2] of 108 (largest chunk 50 + context 4 tokens, 2 frames each)", got, p.voc.frames)
+	// Chunks of 10, 25, 50 tokens, 2 frames each, after up to 4 tokens of context: 20 frames,
+	// 50 + 8, 100 + 8, and again 100 + 8.
+	if got, want := fmt.Sprint(p.voc.batches, p.voc.frames), "[1 2] [20 58 108]"; got != want {
+		t.Fatalf("fixed vocoder batches and frames %s, want %s", got, want)
 	}
-	// A batch's items are split over the fixed sessions and come back in order. (Before the
-	// engine runs: closing it closes p.)
-	mels := make([][]float32, 5)
-	for i := range mels {
-		mels[i] = make([]float32, 80*(10+7*i))
-		for j := range mels[i] {
-			mels[i][j] = float32((j*(i+3))%17)/17 - 0.5
+	if len(p.voc.fixed) != 2 || len(p.voc.fixed[0]) != 3 || len(p.voc.fixed[1]) != 3 {
+		t.Fatalf("fixed sessions %d × %d, want 2 × 3", len(p.voc.fixed), len(p.voc.fixed[0]))
+	}
+	// A batch's items are split over the fixed sessions and come back in order: items within the
+	// shortest length, items that need the middle one, the longest, and over it (the session that
+	// takes any shape). (Before the engine runs: closing it closes p.)
+	for _, lens := range [][]int{{20, 7, 13}, {10, 17, 24, 31, 38}, {108, 60}, {120, 5}} {
+		mels := make([][]float32, len(lens))
+		for i, n := range lens {
+			mels[i] = make([]float32, 80*n)
+			for j := range mels[i] {
+				mels[i][j] = float32((j*(i+3))%17)/17 - 0.5
+			}
 		}
-	}
-	got, err := p.voc.run(mels)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, m := range mels {
-		one, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
+		got, err := p.voc.run(mels)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(got[i]) != len(one[0]) {
-			t.Fatalf("item %d: %d samples, want %d", i, len(got[i]), len(one[0]))
-		}
-		for j := range one[0] {
-			if d := math.Abs(float64(got[i][j] - one[0][j])); d > 1e-4 {
-				t.Fatalf("item %d sample %d: %g from the fixed sessions, %g alone", i, j, got[i][j], one[0][j])
+		for i, m := range mels {
+			one, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got[i]) != len(one[0]) {
+				t.Fatalf("items of %v frames, item %d: %d samples, want %d", lens, i, len(got[i]), len(one[0]))
+			}
+			for j := range one[0] {
+				if d := math.Abs(float64(got[i][j] - one[0][j])); d > 1e-4 {
+					t.Fatalf("items of %v frames, item %d sample %d: %g from the fixed sessions, %g alone", lens, i, j, got[i][j], one[0][j])
+				}
 			}
 		}
 	}
@@ -496,5 +505,21 @@ func TestPrefillGroups(t *testing.T) {
 	}
 	if g := prefillGroups(nil, 8); g != nil {
 		t.Errorf("no streams: %d groups", len(g))
+	}
+}
+
+// The benchmark model's schedule: a first chunk of 8 tokens is vocoded as 16 frames, not padded
+// to the longest item (232).
+func TestVocoderFrames(t *testing.T) {
+	var m Manifest
+	m.Flow.FramesPerToken = 2
+	m.Streaming.ChunkTokens = []int{8, 25, 50, 100}
+	m.Streaming.ContextTokens = 16
+	if got, want := fmt.Sprint(vocoderFrames(&m)), "[16 66 132 232]"; got != want {
+		t.Errorf("vocoder lengths %s, want %s", got, want)
+	}
+	m.Streaming.ChunkTokens = []int{40}
+	if got, want := fmt.Sprint(vocoderFrames(&m)), "[80 112]"; got != want {
+		t.Errorf("one chunk size: vocoder lengths %s, want %s", got, want)
 	}
 }

@@ -3,6 +3,7 @@ package instance
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	ort "github.com/yalue/onnxruntime_go"
 )
@@ -268,13 +269,32 @@ func (s *flowStage) estimate(B, C, F int, x, mask, mu, t []float32) ([]float32, 
 type vocoderStage struct {
 	m    *Manifest
 	sess *ort.DynamicAdvancedSession // any shape
-	// fixed[i] only ever runs batches of batches[i] items of frames frames: ONNX Runtime plans
-	// its cuDNN convolutions again whenever a session's input shape changes, which costs the
+	// fixed[i][j] only ever runs batches of batches[i] items of frames[j] frames: ONNX Runtime
+	// plans its cuDNN convolutions again whenever a session's input shape changes, which costs the
 	// benchmark vocoder 5× its run time (docs/benchmarks). Items are padded on the right with
 	// zeros, which a causal vocoder ignores (docs/pipeline.md). Empty: sess runs every batch.
 	batches []int
-	fixed   []*ort.DynamicAdvancedSession
-	frames  int
+	frames  []int // rising: the lengths of the items the engine makes (vocoderFrames)
+	fixed   [][]*ort.DynamicAdvancedSession
+}
+
+// vocoderFrames are the lengths in mel frames of the items the engine hands the vocoder for whole
+// chunks (Engine.flowDone): the first chunk alone, each later one after up to the context's frames
+// of the chunk before it. A stream's last chunk may be shorter and runs padded to the next length.
+// One length for all would pad a first chunk of the benchmark model (16 frames) to 232.
+func vocoderFrames(m *Manifest) []int {
+	R, ctx := m.Flow.FramesPerToken, m.Streaming.ContextTokens*m.Flow.FramesPerToken
+	var out []int
+	// One index past the schedule: the last size repeats, after a chunk of its own size.
+	for i := 0; i <= len(m.Streaming.ChunkTokens); i++ {
+		f := m.ChunkSize(i) * R
+		if i > 0 {
+			f += min(ctx, m.ChunkSize(i-1)*R)
+		}
+		out = append(out, f)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
@@ -287,23 +307,21 @@ func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 	if len(rt.vocoderBatches) == 0 {
 		return v, nil
 	}
-	// The longest item the engine hands over: the largest chunk and its context.
-	maxChunk := 0
-	for _, c := range m.Streaming.ChunkTokens {
-		maxChunk = max(maxChunk, c)
-	}
-	v.frames = (maxChunk + m.Streaming.ContextTokens) * m.Flow.FramesPerToken
-	for _, b := range rt.vocoderBatches {
-		f, err := rt.fixedShapeSession(fmt.Sprintf("vocoder_%d", b), m.Path(m.Vocoder.File), in, out)
-		if err == nil {
-			v.fixed = append(v.fixed, f)
-			v.batches = append(v.batches, b)
-			// Warm up: the session plans its convolutions for its one shape now, not on a request.
-			_, err = v.runFixed(len(v.fixed)-1, make([][]float32, b))
-		}
-		if err != nil {
-			v.close()
-			return nil, fmt.Errorf("vocoder, batch %d × %d frames: %w", b, v.frames, err)
+	v.frames = vocoderFrames(m)
+	for i, b := range rt.vocoderBatches {
+		v.batches = append(v.batches, b)
+		v.fixed = append(v.fixed, nil)
+		for _, F := range v.frames {
+			f, err := rt.fixedShapeSession(fmt.Sprintf("vocoder_%dx%d", b, F), m.Path(m.Vocoder.File), in, out)
+			if err == nil {
+				v.fixed[i] = append(v.fixed[i], f)
+				// Warm up: the session plans its convolutions for its one shape now, not on a request.
+				_, err = v.runOn(f, make([][]float32, b), F)
+			}
+			if err != nil {
+				v.close()
+				return nil, fmt.Errorf("vocoder, batch %d × %d frames: %w", b, F, err)
+			}
 		}
 	}
 	return v, nil
@@ -311,8 +329,10 @@ func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 
 func (s *vocoderStage) close() error {
 	var errs []error
-	for _, f := range s.fixed {
-		errs = append(errs, f.Destroy())
+	for _, row := range s.fixed {
+		for _, f := range row {
+			errs = append(errs, f.Destroy())
+		}
 	}
 	s.fixed = nil
 	return errors.Join(append(errs, s.sess.Destroy())...)
@@ -321,45 +341,38 @@ func (s *vocoderStage) close() error {
 // run turns each channel-major mel [mel_bins][frames] into frames·hop samples.
 func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
 	C := s.m.Flow.MelBins
-	if len(s.fixed) == 0 {
-		return s.runOn(s.sess, mels, 0)
-	}
+	longest := 0
 	for _, m := range mels {
-		if len(m)/C > s.frames {
-			// Longer than any chunk the engine makes (bench stages asks for such shapes).
-			return s.runOn(s.sess, mels, 0)
-		}
+		longest = max(longest, len(m)/C)
+	}
+	// The shortest fixed length that takes every item; none: longer than any chunk the engine
+	// makes (bench stages asks for such shapes).
+	j, _ := slices.BinarySearch(s.frames, longest)
+	if len(s.fixed) == 0 || j == len(s.frames) {
+		return s.runOn(s.sess, mels, 0)
 	}
 	out := make([][]float32, 0, len(mels))
 	for len(mels) > 0 {
 		// The smallest fixed batch that takes every item left, else the largest, repeatedly.
 		i := len(s.batches) - 1
-		for j, b := range s.batches {
+		for k, b := range s.batches {
 			if b >= len(mels) {
-				i = j
+				i = k
 				break
 			}
 		}
 		n := min(len(mels), s.batches[i])
-		audio, err := s.runFixed(i, mels[:n])
+		// Padded to the session's batch with silent items.
+		padded := make([][]float32, s.batches[i])
+		copy(padded, mels[:n])
+		audio, err := s.runOn(s.fixed[i][j], padded, s.frames[j])
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, audio...)
+		out = append(out, audio[:n]...)
 		mels = mels[n:]
 	}
 	return out, nil
-}
-
-// runFixed runs mels on fixed session i, padded to its batch with silent items.
-func (s *vocoderStage) runFixed(i int, mels [][]float32) ([][]float32, error) {
-	padded := make([][]float32, s.batches[i])
-	copy(padded, mels)
-	audio, err := s.runOn(s.fixed[i], padded, s.frames)
-	if err != nil {
-		return nil, err
-	}
-	return audio[:len(mels)], nil
 }
 
 // runOn runs one batch on sess, every item padded to the longest or to frames if that is more.
