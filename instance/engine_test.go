@@ -523,3 +523,89 @@ func TestVocoderFrames(t *testing.T) {
 		t.Errorf("one chunk size: vocoder lengths %s, want %s", got, want)
 	}
 }
+
+func TestVocoderWindows(t *testing.T) {
+	for _, c := range []struct {
+		n, w, ctx int
+		want      string
+	}{
+		{100, 132, 32, "[[0 100]] [0]"},
+		{132, 132, 32, "[[0 132]] [0]"},
+		{232, 132, 32, "[[0 132] [100 232]] [0 32]"},
+		{300, 132, 32, "[[0 132] [100 232] [200 300]] [0 32 32]"},
+		{50, 20, 20, "[[0 50]] [0]"}, // a window no longer than its context: never split
+	} {
+		windows, keep := vocoderWindows(c.n, c.w, c.ctx)
+		if got := fmt.Sprint(windows, keep); got != c.want {
+			t.Errorf("%d frames in windows of %d after %d: %s, want %s", c.n, c.w, c.ctx, got, c.want)
+		}
+	}
+	// Whatever the sizes, the kept parts tile the item, and each window is at most w frames with
+	// ctx frames before its kept part.
+	for n := 1; n < 120; n++ {
+		for w := 9; w < 40; w += 3 {
+			windows, keep := vocoderWindows(n, w, 8)
+			at := 0
+			for i, win := range windows {
+				if win[1]-win[0] > w || (i > 0 && keep[i] != 8) || win[0]+keep[i] != at {
+					t.Fatalf("%d frames, window %d: %v keep %v", n, w, windows, keep)
+				}
+				at = win[1]
+			}
+			if at != n {
+				t.Fatalf("%d frames, window %d: %v ends at %d", n, w, windows, at)
+			}
+		}
+	}
+	if got := defaultVocoderWindow([]int{16, 66, 132, 232}); got != 132 {
+		t.Errorf("default window for the benchmark model's lengths: %d, want 132", got)
+	}
+}
+
+// A vocoder window (vocoder_window) runs long items as overlapping windows after the manifest's
+// context: the audio must be the whole item's.
+func TestEngineVocoderWindow(t *testing.T) {
+	for _, v := range []string{"8", "0", "x"} { // the tiny model's context is 4 tokens of 2 frames
+		if _, err := loadTiny(t, map[string]string{"vocoder_window": v}); err == nil || !strings.Contains(err.Error(), "vocoder_window") {
+			t.Errorf("vocoder_window %q: err %v, want one naming the option", v, err)
+		}
+	}
+	p, err := loadTiny(t, map[string]string{"vocoder_batches": "1,2", "vocoder_window": "20"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Items run at most 20 frames long, so the fixed lengths stop there.
+	if got, want := fmt.Sprint(p.voc.window, p.voc.ctx, p.voc.frames), "20 8 [20]"; got != want {
+		t.Fatalf("window, context and fixed lengths %s, want %s", got, want)
+	}
+	for _, lens := range [][]int{{108, 20, 7}, {58, 21}, {13}} {
+		mels := make([][]float32, len(lens))
+		for i, n := range lens {
+			mels[i] = make([]float32, 80*n)
+			for j := range mels[i] {
+				mels[i][j] = float32((j*(i+5))%23)/23 - 0.5
+			}
+		}
+		got, err := p.voc.run(mels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range mels {
+			whole, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got[i]) != len(whole[0]) {
+				t.Fatalf("items of %v frames, item %d: %d samples, want %d", lens, i, len(got[i]), len(whole[0]))
+			}
+			for j := range whole[0] {
+				if d := math.Abs(float64(got[i][j] - whole[0][j])); d > 1e-4 {
+					t.Fatalf("items of %v frames, item %d sample %d: %g in windows, %g whole", lens, i, j, got[i][j], whole[0][j])
+				}
+			}
+		}
+	}
+	dyn := NewEngine(tinyPipeline(t))
+	defer dyn.Close()
+	sameAudio(t, dyn, testBatchedEqualsAlone(t, p, 40), "vocoder windows against whole items")
+}

@@ -32,6 +32,10 @@ type runtime struct {
 	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
 	// vocoder_batches); none: one session takes every shape.
 	vocoderBatches []int
+	// vocoderWindow is provider option vocoder_window: the most mel frames the vocoder runs
+	// in one item; longer items run as overlapping windows. 0: never split; -1: the default
+	// for the provider (defaultVocoderWindow).
+	vocoderWindow int
 	// flowWorkers is the number of flow batches that run at once, each in its own sessions
 	// (provider option flow_workers).
 	flowWorkers int
@@ -64,6 +68,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 	flowSet := false
 	rest := map[string]string{}
 	vocSet := false
+	vocWindowSet := false
 	for k, v := range cfg.ProviderOptions {
 		switch k {
 		case "vocoder_batches":
@@ -72,6 +77,17 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 			if r.vocoderBatches, err = parseBatches(v); err != nil {
 				return nil, fmt.Errorf("provider option vocoder_batches: %w", err)
 			}
+		case "vocoder_window":
+			vocWindowSet = true
+			if v == "off" {
+				r.vocoderWindow = 0
+				break
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("provider option vocoder_window: %q is not a number of mel frames (or off)", v)
+			}
+			r.vocoderWindow = n
 		case "profile":
 			if v == "" {
 				return nil, fmt.Errorf("provider option profile: give a path prefix for the profile files")
@@ -121,7 +137,11 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		// HEURISTIC failed to initialise for a dilated convolution of the benchmark vocoder (cuDNN
 		// 9.14, H200). Fixed-shape sessions use EXHAUSTIVE (fixedShapeSession). provider_options
 		// can choose another.
-		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "DEFAULT"}
+		// cudnn_conv1d_pad_to_nc1d: the vocoder's 1-D convolutions as [N,C,1,D] for cuDNN rather
+		// than [N,C,D,1] ran its chunks up to 1.5× faster and the server 5% faster (H100,
+		// docs/benchmarks/RESULTS.md, session 11).
+		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "DEFAULT",
+			"cudnn_conv1d_pad_to_nc1d": "1"}
 		maps.Copy(o, rest)
 		if cfg.GPUMemoryLimit != "" {
 			limit, err := memoryLimit(cfg.GPUMemoryLimit, device)
@@ -136,6 +156,9 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		if !vocSet {
 			// A vocoder fed chunks of every length changes shape on nearly every run.
 			r.vocoderBatches = []int{1, 4, 16}
+		}
+		if !vocWindowSet {
+			r.vocoderWindow = -1
 		}
 		if !flowSet {
 			// Measured on an H100 (docs/benchmarks/RESULTS.md, session 8).

@@ -274,8 +274,47 @@ type vocoderStage struct {
 	// benchmark vocoder 5× its run time (docs/benchmarks). Items are padded on the right with
 	// zeros, which a causal vocoder ignores (docs/pipeline.md). Empty: sess runs every batch.
 	batches []int
-	frames  []int // rising: the lengths of the items the engine makes (vocoderFrames)
+	frames  []int // rising: the lengths of the items the engine makes (vocoderFrames), up to the window
 	fixed   [][]*ort.DynamicAdvancedSession
+	// window > 0: an item longer than window frames runs as overlapping windows of at most
+	// window frames, each after ctx frames of the one before (vocoderWindows), which a causal
+	// vocoder turns into the same samples. 0: every item runs whole.
+	window, ctx int
+}
+
+// maxDefaultWindow bounds the default vocoder window: on an H100 the benchmark vocoder's cost
+// per frame at 232 frames was twice that at 66–132 frames, at every batch size (cuDNN's
+// convolutions over long rows; docs/benchmarks/RESULTS.md, session 11).
+const maxDefaultWindow = 160
+
+// defaultVocoderWindow is the longest of the engine's chunk lengths (vocoderFrames) that is at
+// most maxDefaultWindow frames, so that windows run in a fixed-shape session of their own
+// length; 0 if there is none.
+func defaultVocoderWindow(frames []int) int {
+	w := 0
+	for _, f := range frames {
+		if f <= maxDefaultWindow {
+			w = f
+		}
+	}
+	return w
+}
+
+// vocoderWindows splits an item of n frames into windows of at most w frames: the first from
+// frame 0, each later one starting ctx frames before the end of the one before. keep is where
+// each window's own frames begin (0 for the first), so the kept parts tile [0, n) exactly.
+func vocoderWindows(n, w, ctx int) (windows [][2]int, keep []int) {
+	if w <= ctx || n <= w {
+		return [][2]int{{0, n}}, []int{0}
+	}
+	windows, keep = append(windows, [2]int{0, w}), append(keep, 0)
+	for end := w; end < n; {
+		start := end - ctx
+		next := min(n, start+w)
+		windows, keep = append(windows, [2]int{start, next}), append(keep, ctx)
+		end = next
+	}
+	return windows, keep
 }
 
 // vocoderFrames are the lengths in mel frames of the items the engine hands the vocoder for whole
@@ -303,11 +342,30 @@ func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("vocoder: %w", err)
 	}
-	v := &vocoderStage{m: m, sess: s}
+	v := &vocoderStage{m: m, sess: s, ctx: m.Streaming.ContextTokens * m.Flow.FramesPerToken}
+	frames := vocoderFrames(m)
+	switch w := rt.vocoderWindow; {
+	case w < 0:
+		v.window = defaultVocoderWindow(frames)
+	case w > 0 && w <= v.ctx:
+		s.Destroy()
+		return nil, fmt.Errorf("provider option vocoder_window: %d frames must be more than the manifest's vocoder context (streaming.context_tokens × flow.frames_per_token = %d frames)", w, v.ctx)
+	default:
+		v.window = w
+	}
+	if v.ctx == 0 {
+		// Without left context a window's first samples would differ from the whole item's.
+		v.window = 0
+	}
+	if v.window > 0 {
+		// Items never run longer than the window: the fixed lengths stop there.
+		frames = slices.DeleteFunc(frames, func(f int) bool { return f >= v.window })
+		frames = append(frames, v.window)
+	}
 	if len(rt.vocoderBatches) == 0 {
 		return v, nil
 	}
-	v.frames = vocoderFrames(m)
+	v.frames = frames
 	for i, b := range rt.vocoderBatches {
 		v.batches = append(v.batches, b)
 		v.fixed = append(v.fixed, nil)
@@ -338,8 +396,56 @@ func (s *vocoderStage) close() error {
 	return errors.Join(append(errs, s.sess.Destroy())...)
 }
 
-// run turns each channel-major mel [mel_bins][frames] into frames·hop samples.
+// run turns each channel-major mel [mel_bins][frames] into frames·hop samples, items longer
+// than the window in windows.
 func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
+	if s.window == 0 {
+		return s.runBatch(mels)
+	}
+	C, hop := s.m.Flow.MelBins, s.m.Vocoder.Hop
+	var pieces [][]float32
+	var keeps, counts []int
+	for _, m := range mels {
+		n := len(m) / C
+		windows, keep := vocoderWindows(n, s.window, s.ctx)
+		counts = append(counts, len(windows))
+		keeps = append(keeps, keep...)
+		if len(windows) == 1 {
+			pieces = append(pieces, m)
+			continue
+		}
+		for _, w := range windows {
+			l := w[1] - w[0]
+			p := make([]float32, C*l)
+			for c := 0; c < C; c++ {
+				copy(p[c*l:(c+1)*l], m[c*n+w[0]:c*n+w[1]])
+			}
+			pieces = append(pieces, p)
+		}
+	}
+	audio, err := s.runBatch(pieces)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float32, len(mels))
+	k := 0
+	for i, n := range counts {
+		if n == 1 {
+			out[i] = audio[k]
+			k++
+			continue
+		}
+		a := make([]float32, 0, len(mels[i])/C*hop)
+		for j := 0; j < n; j, k = j+1, k+1 {
+			a = append(a, audio[k][keeps[k]*hop:]...)
+		}
+		out[i] = a
+	}
+	return out, nil
+}
+
+// runBatch runs items of any length, in the fixed-shape sessions where they fit.
+func (s *vocoderStage) runBatch(mels [][]float32) ([][]float32, error) {
 	C := s.m.Flow.MelBins
 	longest := 0
 	for _, m := range mels {
