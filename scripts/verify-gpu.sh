@@ -113,7 +113,8 @@ bench() {
 stages() {
   bigcfg stages 127.0.0.1:8071 "  - {name: gpu0, gpus: [0]${GROUP_EXTRA:-}}"
   "$bin" bench stages --config "$logs/stages.yaml" --batch ${BATCHES:-1,8,32,64} --tokens ${TOKENS:-15,115} \
-    --runs ${RUNS:-5} ${VARY:+--vary} --json "${STAGES_JSON:-$logs/stages.json}" 2>/dev/null
+    --runs ${RUNS:-5} ${VARY:+--vary} --json "${STAGES_JSON:-$logs/stages.json}" 2>"$logs/stages.err" ||
+    { tail -3 "$logs/stages.err"; return 1; }
 }
 
 # Each stage of $BIG alone and then the three at once, in one process (bench stages --together);
@@ -126,7 +127,8 @@ together() {
   fi
   bigcfg together 127.0.0.1:8072 "  - {name: gpu0, gpus: [0]$extra}"
   "$bin" bench stages --config "$logs/together.yaml" --batch ${BATCHES:-1,16} --tokens ${TOKENS:-15,115} \
-    --runs ${RUNS:-5} --together --json "${STAGES_JSON:-$logs/together.json}" 2>/dev/null
+    --runs ${RUNS:-5} --together --json "${STAGES_JSON:-$logs/together.json}" 2>"$logs/together.err" ||
+    { tail -3 "$logs/together.err"; return 1; }
   if [ -n "${PROFILE:-}" ]; then python3 "$repo/scripts/ort_profile_summary.py" "$PROFILE"; fi
 }
 

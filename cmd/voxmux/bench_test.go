@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/voxmux/voxmux/bench"
+	"github.com/voxmux/voxmux/config"
 	"github.com/voxmux/voxmux/instance"
 )
 
@@ -116,5 +117,16 @@ func TestBenchStages(t *testing.T) {
 	}
 	if err := run("--group", "nope"); err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("--group nope: err %v, want one naming the group", err)
+	}
+	// The pipeline has room for the largest batch asked for, past the group's max_inflight.
+	c, err := config.Load(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := stagesLoad(c, c.Groups[0], "", []int{8, 64}).MaxInflight; got != 64 {
+		t.Errorf("batches up to 64 with max_inflight %d: the pipeline takes %d sequences, want 64", c.Groups[0].MaxInflight, got)
+	}
+	if got := stagesLoad(c, c.Groups[0], "", []int{1}).MaxInflight; got != c.Groups[0].MaxInflight {
+		t.Errorf("batch 1: the pipeline takes %d sequences, want the group's %d", got, c.Groups[0].MaxInflight)
 	}
 }

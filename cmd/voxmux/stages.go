@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -60,9 +61,7 @@ func stagesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			load := memberSpec(cfg, g, 0, "", ortLib).Load
-			load.Placement = "" // one device: this process
-			p, err := instance.LoadPipeline(load)
+			p, err := instance.LoadPipeline(stagesLoad(cfg, g, ortLib, batches))
 			if err != nil {
 				return err
 			}
@@ -98,6 +97,18 @@ func stagesCmd() *cobra.Command {
 	f.BoolVar(&vary, "vary", false, "make each flow and vocoder run one token longer than the last, as a server's batches change shape")
 	f.StringVar(&jsonOut, "json", "", "also write the timings to this JSON file")
 	return cmd
+}
+
+// stagesLoad is what bench stages loads for group g: the group's pipeline on this process's one
+// device, with room for the largest batch. The LM's CUDA graphs hold one sequence per request
+// the instance takes at once (max_inflight, 16 unless set), and a timing of 32 rows needs 32.
+func stagesLoad(cfg *config.Config, g config.Group, ortLib string, batches []int) instance.LoadConfig {
+	load := memberSpec(cfg, g, 0, "", ortLib).Load
+	load.Placement = "" // one device: this process
+	if len(batches) > 0 {
+		load.MaxInflight = max(load.MaxInflight, slices.Max(batches))
+	}
+	return load
 }
 
 func writeStages(w io.Writer, res []instance.StageTiming) {
