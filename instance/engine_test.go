@@ -135,35 +135,43 @@ func TestEngineFixedVocoderShapes(t *testing.T) {
 	// shortest length, items that need the middle one, the longest, and over it (the session that
 	// takes any shape). (Before the engine runs: closing it closes p.)
 	for _, lens := range [][]int{{20, 7, 13}, {10, 17, 24, 31, 38}, {108, 60}, {120, 5}} {
-		mels := make([][]float32, len(lens))
-		for i, n := range lens {
-			mels[i] = make([]float32, 80*n)
-			for j := range mels[i] {
-				mels[i][j] = float32((j*(i+3))%17)/17 - 0.5
-			}
-		}
-		got, err := p.voc.run(mels)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, m := range mels {
-			one, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got[i]) != len(one[0]) {
-				t.Fatalf("items of %v frames, item %d: %d samples, want %d", lens, i, len(got[i]), len(one[0]))
-			}
-			for j := range one[0] {
-				if d := math.Abs(float64(got[i][j] - one[0][j])); d > 1e-4 {
-					t.Fatalf("items of %v frames, item %d sample %d: %g from the fixed sessions, %g alone", lens, i, j, got[i][j], one[0][j])
-				}
-			}
-		}
+		vocoderMatchesOneSession(t, p, lens, "from the fixed sessions")
 	}
 	dyn := NewEngine(tinyPipeline(t))
 	defer dyn.Close()
 	sameAudio(t, dyn, testBatchedEqualsAlone(t, p, 40), "fixed vocoder shapes against one session")
+}
+
+// vocoderMatchesOneSession runs a batch of items of lens frames through p's vocoder and checks
+// each item's audio against the item run whole and alone in the session that takes any shape:
+// the same length and samples within 1e-4. how says how the batch ran, for the failure.
+func vocoderMatchesOneSession(t *testing.T, p *Pipeline, lens []int, how string) {
+	t.Helper()
+	mels := make([][]float32, len(lens))
+	for i, n := range lens {
+		mels[i] = make([]float32, 80*n)
+		for j := range mels[i] {
+			mels[i][j] = float32((j*(i+3))%17)/17 - 0.5
+		}
+	}
+	got, err := p.voc.run(mels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range mels {
+		one, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got[i]) != len(one[0]) {
+			t.Fatalf("items of %v frames, item %d: %d samples, want %d", lens, i, len(got[i]), len(one[0]))
+		}
+		for j := range one[0] {
+			if d := math.Abs(float64(got[i][j] - one[0][j])); d > 1e-4 {
+				t.Fatalf("items of %v frames, item %d sample %d: %g %s, %g alone", lens, i, j, got[i][j], how, one[0][j])
+			}
+		}
+	}
 }
 
 // sameAudio checks that got holds, for each of batchRequests, the audio e gives it: the same
@@ -570,6 +578,12 @@ func TestEngineVocoderWindow(t *testing.T) {
 			t.Errorf("vocoder_window %q: err %v, want one naming the option", v, err)
 		}
 	}
+	// A manifest without context cannot have windows that keep the audio.
+	m := tinyManifest(t)
+	m.Streaming.ContextTokens = 0
+	if _, err := loadPipeline(m, LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), ProviderOptions: map[string]string{"vocoder_window": "20"}}, 0, 0); err == nil || !strings.Contains(err.Error(), "no left context") {
+		t.Errorf("vocoder_window without context: err %v, want one saying the manifest has none", err)
+	}
 	p, err := loadTiny(t, map[string]string{"vocoder_batches": "1,2", "vocoder_window": "20"})
 	if err != nil {
 		t.Fatal(err)
@@ -579,31 +593,7 @@ func TestEngineVocoderWindow(t *testing.T) {
 		t.Fatalf("window, context and fixed lengths %s, want %s", got, want)
 	}
 	for _, lens := range [][]int{{108, 20, 7}, {58, 21}, {13}} {
-		mels := make([][]float32, len(lens))
-		for i, n := range lens {
-			mels[i] = make([]float32, 80*n)
-			for j := range mels[i] {
-				mels[i][j] = float32((j*(i+5))%23)/23 - 0.5
-			}
-		}
-		got, err := p.voc.run(mels)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i, m := range mels {
-			whole, err := p.voc.runOn(p.voc.sess, [][]float32{m}, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(got[i]) != len(whole[0]) {
-				t.Fatalf("items of %v frames, item %d: %d samples, want %d", lens, i, len(got[i]), len(whole[0]))
-			}
-			for j := range whole[0] {
-				if d := math.Abs(float64(got[i][j] - whole[0][j])); d > 1e-4 {
-					t.Fatalf("items of %v frames, item %d sample %d: %g in windows, %g whole", lens, i, j, got[i][j], whole[0][j])
-				}
-			}
-		}
+		vocoderMatchesOneSession(t, p, lens, "in windows")
 	}
 	dyn := NewEngine(tinyPipeline(t))
 	defer dyn.Close()

@@ -344,18 +344,18 @@ func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 	}
 	v := &vocoderStage{m: m, sess: s, ctx: m.Streaming.ContextTokens * m.Flow.FramesPerToken}
 	frames := vocoderFrames(m)
+	// Without left context a window's first samples would differ from the whole item's.
 	switch w := rt.vocoderWindow; {
-	case w < 0:
-		v.window = defaultVocoderWindow(frames)
+	case w > 0 && v.ctx == 0:
+		s.Destroy()
+		return nil, fmt.Errorf("provider option vocoder_window: the manifest gives the vocoder no left context (streaming.context_tokens is 0), so windows would change its audio")
 	case w > 0 && w <= v.ctx:
 		s.Destroy()
 		return nil, fmt.Errorf("provider option vocoder_window: %d frames must be more than the manifest's vocoder context (streaming.context_tokens × flow.frames_per_token = %d frames)", w, v.ctx)
-	default:
+	case w > 0:
 		v.window = w
-	}
-	if v.ctx == 0 {
-		// Without left context a window's first samples would differ from the whole item's.
-		v.window = 0
+	case w < 0 && v.ctx > 0:
+		v.window = defaultVocoderWindow(frames)
 	}
 	if v.window > 0 {
 		// Items never run longer than the window: the fixed lengths stop there.
