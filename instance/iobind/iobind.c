@@ -21,6 +21,7 @@ typedef int (*cudaThreadExchangeStreamCaptureMode_t)(int*);
 typedef const char* (*cudaGetErrorString_t)(int);
 typedef int (*cudaDeviceGetStreamPriorityRange_t)(int*, int*);
 typedef int (*cudaStreamCreateWithPriority_t)(void**, unsigned int, int);
+typedef int (*cudaStreamDestroy_t)(void*);
 static cudaSetDevice_t cu_set_device;
 static cudaMemcpy2DAsync_t cu_memcpy2d;
 static cudaMemsetAsync_t cu_memset;
@@ -30,6 +31,7 @@ static cudaThreadExchangeStreamCaptureMode_t cu_capture_mode;
 static cudaGetErrorString_t cu_err;
 static cudaDeviceGetStreamPriorityRange_t cu_priority_range;
 static cudaStreamCreateWithPriority_t cu_stream_create_priority;
+static cudaStreamDestroy_t cu_stream_destroy;
 #define VX_MAX_DEVICES 64
 static void* streams[VX_MAX_DEVICES];
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -91,15 +93,15 @@ static char* load_cudart(void) {
 	cu_err = (cudaGetErrorString_t)dlsym(h, "cudaGetErrorString");
 	cu_priority_range = (cudaDeviceGetStreamPriorityRange_t)dlsym(h, "cudaDeviceGetStreamPriorityRange");
 	cu_stream_create_priority = (cudaStreamCreateWithPriority_t)dlsym(h, "cudaStreamCreateWithPriority");
+	cu_stream_destroy = (cudaStreamDestroy_t)dlsym(h, "cudaStreamDestroy");
 	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err ||
-	    !cu_priority_range || !cu_stream_create_priority)
+	    !cu_priority_range || !cu_stream_create_priority || !cu_stream_destroy)
 		return msg("libcudart", "missing symbols");
 	return NULL;
 }
 
-// high_priority: the session computes on a stream of the device's highest priority, so that its
-// kernels are scheduled ahead of those other sessions have queued on the same GPU.
-char* vx_session(const char* model, int cuda, int device, int high_priority, const char* profile, const char** keys, const char** values, int n_opts,
+// stream, when not NULL, is the CUDA stream the session computes on (user_compute_stream).
+char* vx_session(const char* model, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding) {
 	OrtSessionOptions* so = NULL;
 	char* e = status(api->CreateSessionOptions(&so), "CreateSessionOptions");
@@ -110,12 +112,7 @@ char* vx_session(const char* model, int cuda, int device, int high_priority, con
 		OrtCUDAProviderOptionsV2* co = NULL;
 		e = status(api->CreateCUDAProviderOptions(&co), "cuda provider cannot be loaded");
 		if (!e) e = status(api->UpdateCUDAProviderOptions(co, keys, values, n_opts), "cuda provider options");
-		if (!e && high_priority) {
-			void* stream = NULL;
-			e = cuda_check(cu_set_device(device), "cudaSetDevice");
-			if (!e) e = priority_stream(&stream);
-			if (!e) e = status(api->UpdateCUDAProviderOptionsWithValue(co, "user_compute_stream", stream), "cuda provider option user_compute_stream");
-		}
+		if (!e && stream) e = status(api->UpdateCUDAProviderOptionsWithValue(co, "user_compute_stream", stream), "cuda provider option user_compute_stream");
 		if (!e) e = status(api->SessionOptionsAppendExecutionProvider_CUDA_V2(so, co), "cuda provider cannot be loaded");
 		if (co) api->ReleaseCUDAProviderOptions(co);
 		if (e) { api->ReleaseSessionOptions(so); return e; }
@@ -177,7 +174,12 @@ char* vx_bind_output_host(OrtIoBinding* b, const char* name) {
 	return status(api->BindOutputToDevice(b, name, host_mem), name);
 }
 
-char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, OrtValue*** outs, size_t* n) {
+// stream: the session's compute stream (NULL on the CPU). The run ends by waiting for that stream
+// alone: ONNX Runtime flushes at the end of a run only streams it made itself, and its
+// SynchronizeBoundOutputs waits for the whole device (the CUDA provider's Sync is
+// cudaDeviceSynchronize), so every LM step waited for the flow step in flight on another stream
+// and each flow worker for the other's (H100 and H200, docs/benchmarks/RESULTS.md, session 12).
+char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, void* stream, OrtValue*** outs, size_t* n) {
 	OrtRunOptions* ro = NULL;
 	char* e = NULL;
 	if (graph_id) {
@@ -188,7 +190,7 @@ char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, OrtValue*** o
 	e = status(api->RunWithBinding(s, ro, b), "run");
 	if (ro) api->ReleaseRunOptions(ro);
 	if (e) return e;
-	if ((e = status(api->SynchronizeBoundOutputs(b), "SynchronizeBoundOutputs"))) return e;
+	if (stream && (e = cuda_check(cu_stream_sync(stream), "cudaStreamSynchronize"))) return e;
 	OrtAllocator* a = NULL;
 	if ((e = status(api->GetAllocatorWithDefaultOptions(&a), "GetAllocatorWithDefaultOptions"))) return e;
 	// The output array itself comes from the default allocator; the caller frees it with free().
@@ -286,4 +288,16 @@ char* vx_zero(int cuda, int device, void* dst, size_t bytes) {
 	char* e = cuda_begin(device, &stream, &mode);
 	if (!e) e = cuda_check(cu_memset(dst, 0, bytes, stream), "cudaMemsetAsync");
 	return cuda_end(stream, mode, e);
+}
+
+void vx_stream_free(void* stream) {
+	if (stream && cu_stream_destroy) cu_stream_destroy(stream);
+}
+
+char* vx_stream(int device, int high_priority, void** stream) {
+	char* e = load_cudart();
+	if (!e) e = cuda_check(cu_set_device(device), "cudaSetDevice");
+	if (e) return e;
+	if (high_priority) return priority_stream(stream);
+	return cuda_check(cu_stream_create(stream, 1 /* cudaStreamNonBlocking */), "cudaStreamCreateWithFlags");
 }

@@ -93,6 +93,8 @@ type Session struct {
 	alloc *C.OrtAllocator
 	b     *C.OrtIoBinding
 	place Placement
+	// stream is the session's compute stream (CUDA only), which its runs wait for.
+	stream unsafe.Pointer
 }
 
 // Open loads a model.
@@ -127,23 +129,32 @@ func Open(model string, p Placement) (*Session, error) {
 	copy(vs, vals)
 	cm := C.CString(model)
 	defer C.free(unsafe.Pointer(cm))
-	s := &Session{place: p}
 	cuda := C.int(0)
 	if p.CUDA {
 		cuda = 1
 	}
-	prio := C.int(0)
-	if p.HighPriority {
-		prio = 1
+	// Every CUDA session computes on a stream of its own, and a run waits for that stream alone
+	// (vx_run): it is never held up by other sessions' work on the GPU.
+	var stream unsafe.Pointer
+	if p.CUDA {
+		prio := C.int(0)
+		if p.HighPriority {
+			prio = 1
+		}
+		if err := cerr(C.vx_stream(C.int(p.Device), prio, &stream)); err != nil {
+			return nil, fmt.Errorf("%s: %w", model, err)
+		}
 	}
+	s := &Session{place: p, stream: stream}
 	var prof *C.char
 	if p.Profile != "" {
 		prof = C.CString(p.Profile)
 		defer C.free(unsafe.Pointer(prof))
 	}
-	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), prio, prof, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
+	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), stream, prof, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
 	if err != nil {
 		C.vx_session_free(s.s, s.mem, s.alloc, s.b)
+		C.vx_stream_free(stream)
 		return nil, fmt.Errorf("%s: %w", model, err)
 	}
 	return s, nil
@@ -152,7 +163,8 @@ func Open(model string, p Placement) (*Session, error) {
 // Close releases the session.
 func (s *Session) Close() {
 	C.vx_session_free(s.s, s.mem, s.alloc, s.b)
-	s.s, s.mem, s.alloc, s.b = nil, nil, nil, nil
+	C.vx_stream_free(s.stream)
+	s.s, s.mem, s.alloc, s.b, s.stream = nil, nil, nil, nil, nil
 }
 
 // Tensor is an ONNX Runtime value, on the session's device or in host memory.
@@ -325,7 +337,7 @@ func (s *Session) run(inputs map[string]*Tensor, outputs []Output, graph *C.char
 	}
 	var vals **C.OrtValue
 	var n C.size_t
-	if err := cerr(C.vx_run(s.s, s.b, graph, &vals, &n)); err != nil {
+	if err := cerr(C.vx_run(s.s, s.b, graph, s.stream, &vals, &n)); err != nil {
 		return nil, err
 	}
 	defer C.free(unsafe.Pointer(vals))

@@ -8,7 +8,7 @@
 
 // Every function returns NULL on success or an error message the caller must free().
 char* vx_init(const char* ort_path);
-char* vx_session(const char* model, int cuda, int device, int high_priority, const char* profile, const char** keys, const char** values, int n_opts,
+char* vx_session(const char* model, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding);
 void vx_session_free(OrtSession* s, OrtMemoryInfo* mem, OrtAllocator* alloc, OrtIoBinding* b);
 char* vx_tensor(OrtAllocator* alloc, const int64_t* shape, size_t rank, int elem, OrtValue** out, void** data);
@@ -22,8 +22,9 @@ char* vx_bind_output_value(OrtIoBinding* b, const char* name, OrtValue* v);
 // Wraps memory the caller owns (on mem's device) as a tensor; releasing it leaves the memory alone.
 char* vx_view(OrtMemoryInfo* mem, void* data, size_t bytes, const int64_t* shape, size_t rank, int elem, OrtValue** out);
 // graph_id, when not NULL, is the run's gpu_graph_id: the CUDA graph the run captures or replays
-// in a session with enable_cuda_graph ("-1": none).
-char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, OrtValue*** outs, size_t* n);
+// in a session with enable_cuda_graph ("-1": none). stream, when not NULL, is the session's
+// compute stream, which the run waits for (and for nothing else on the device).
+char* vx_run(OrtSession* s, OrtIoBinding* b, const char* graph_id, void* stream, OrtValue*** outs, size_t* n);
 void vx_clear(OrtIoBinding* b);
 char* vx_info(OrtValue* v, void** data, int64_t* shape, size_t* rank, int* elem);
 // Copies rows of width bytes: dst[dpitch*i] <- src[spitch*i] for i < height; on the CUDA device
@@ -33,4 +34,7 @@ char* vx_sync(int device);
 // Copies bytes between host and device memory (either way) and waits for the copy.
 char* vx_copy_across(int device, void* dst, const void* src, size_t bytes);
 char* vx_zero(int cuda, int device, void* dst, size_t bytes);
+// Makes a non-blocking stream on device, of its highest priority when high_priority is set.
+char* vx_stream(int device, int high_priority, void** stream);
+void vx_stream_free(void* stream);
 #endif
