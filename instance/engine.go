@@ -78,7 +78,7 @@ func (e *Engine) Stats() []StageStats {
 }
 
 // NewEngine starts the engine's loops over p.
-func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowGraphFrames, 16384) }
+func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowFrames(p.m), 16384) }
 
 // newEngine is NewEngine with the flow's and the vocoder's frame budgets per batch.
 func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
@@ -487,22 +487,34 @@ type flowLanes struct {
 	// fit says how many of n items of up to tokens tokens a batch takes (flowStage.fit): with the
 	// flow's CUDA graphs, batches that fill a captured shape.
 	fit func(n, tokens int) int
+	// fits reports whether n items of up to tokens tokens may run at once (the manifest's
+	// flow.max_batch_frames counts padded frames, which the budget does not).
+	fits func(n, tokens int) bool
 }
 
-func newFlowLanes(workers, budget int, spread float64, framesPerToken int, fit func(n, tokens int) int) *flowLanes {
-	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken, fit: fit}
+func newFlowLanes(workers, budget int, spread float64, framesPerToken int, fit func(n, tokens int) int, fits func(n, tokens int) bool) *flowLanes {
+	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken, fit: fit, fits: fits}
 }
 
-// trim cuts take to what fit allows; what it leaves waits first.
+// trim cuts take to what fit and fits allow; what it leaves waits first.
 func (l *flowLanes) trim(take, rest []*flowItem) ([]*flowItem, []*flowItem) {
-	if l.fit == nil || len(take) == 0 {
-		return take, rest
+	longest := func(items []*flowItem) int {
+		tokens := 0
+		for _, it := range items {
+			tokens = max(tokens, len(it.tokens))
+		}
+		return tokens
 	}
-	tokens := 0
-	for _, it := range take {
-		tokens = max(tokens, len(it.tokens))
+	k := len(take)
+	if l.fit != nil && k > 0 {
+		if n := l.fit(k, longest(take)); n > 0 && n < k {
+			k = n
+		}
 	}
-	if k := l.fit(len(take), tokens); k > 0 && k < len(take) {
+	for l.fits != nil && k > 1 && !l.fits(k, longest(take[:k])) {
+		k--
+	}
+	if k < len(take) {
 		return take[:k:k], slices.Concat(take[k:], rest)
 	}
 	return take, rest
@@ -566,7 +578,8 @@ func (l *flowLanes) remove(r *flowRun) {
 // finished batch to the vocoder. It alone touches the lanes and the streams' flow state.
 func (e *Engine) flowLoop() {
 	defer e.wg.Done()
-	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit)
+	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit,
+		func(n, tokens int) bool { return e.p.m.flowBatchFits(n, tokens) == nil })
 	finished := make(chan *flowRun)
 	ready := e.flowQ.ready
 	var waiting []*flowItem

@@ -386,7 +386,7 @@ func TestFlowLanes(t *testing.T) {
 		l.add(r)
 		return r, rest
 	}
-	l := newFlowLanes(2, 1000, 1.3, 2, nil)
+	l := newFlowLanes(2, 1000, 1.3, 2, nil, nil)
 	// Idle: later chunks start a bulk batch.
 	a1, b1 := item(a, 40, false), item(b, 40, false)
 	bulk, rest := start(l, []*flowItem{a1, b1})
@@ -428,7 +428,7 @@ func TestFlowLanes(t *testing.T) {
 		t.Fatal("a's next chunk waits with nothing under way")
 	}
 	// Three workers: two bulk batches at once.
-	l3 := newFlowLanes(3, 1000, 1.3, 2, nil)
+	l3 := newFlowLanes(3, 1000, 1.3, 2, nil, nil)
 	for i := 0; i < 2; i++ {
 		if r, _ := start(l3, []*flowItem{item(&stream{}, 40, false)}); r == nil {
 			t.Fatalf("bulk batch %d did not start on three workers", i+1)
@@ -438,7 +438,7 @@ func TestFlowLanes(t *testing.T) {
 		t.Fatal("a third bulk batch took the last worker")
 	}
 	// One worker takes any batch.
-	l1 := newFlowLanes(1, 1000, 1.3, 2, nil)
+	l1 := newFlowLanes(1, 1000, 1.3, 2, nil, nil)
 	if r, _ := start(l1, []*flowItem{item(&stream{}, 40, false)}); r == nil {
 		t.Fatal("one worker: later chunks did not start")
 	}

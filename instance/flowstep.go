@@ -44,8 +44,16 @@ func (b *flowBucket) release() {
 }
 
 // flowGraphFrames caps a bucket's padded frames (batch × frames): the engine's frame budget
-// per flow batch (NewEngine).
+// per flow batch (NewEngine), unless the manifest's flow.max_batch_frames is lower (flowFrames).
 const flowGraphFrames = 8192
+
+// flowFrames is the engine's frame budget per flow batch for m, and the largest bucket's.
+func flowFrames(m *Manifest) int {
+	if mf := m.Flow.MaxBatchFrames; mf > 0 {
+		return min(flowGraphFrames, mf)
+	}
+	return flowGraphFrames
+}
 
 // flowBatchSizes are the buckets' batch sizes: the padding a batch adds to reach one stays
 // under a quarter of its rows, and the engine takes batches that fit one (flowSteps.fit).
@@ -135,7 +143,7 @@ func (s *flowSteps) makeBuckets(graphs bool) error {
 	}
 	for _, N := range s.tokens {
 		for _, B := range s.batches {
-			if B*N*s.m.Flow.FramesPerToken > flowGraphFrames {
+			if B*N*s.m.Flow.FramesPerToken > flowFrames(s.m) {
 				break
 			}
 			id := iobind.NoGraph

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -98,7 +99,7 @@ func TestFlowStepFit(t *testing.T) {
 
 // The lanes cut a batch to what fit allows; the items cut off wait first, in order.
 func TestFlowLanesTrim(t *testing.T) {
-	l := newFlowLanes(1, 1000, 1.3, 2, func(n, tokens int) int { return min(n, 2) })
+	l := newFlowLanes(1, 1000, 1.3, 2, func(n, tokens int) int { return min(n, 2) }, nil)
 	var items []*flowItem
 	for range 3 {
 		items = append(items, &flowItem{s: &stream{}, tokens: make([]int64, 20)})
@@ -107,4 +108,76 @@ func TestFlowLanesTrim(t *testing.T) {
 	if w != 0 || len(take) != 2 || take[0] != items[0] || take[1] != items[1] || len(rest) != 1 || rest[0] != items[2] {
 		t.Fatalf("take %d, rest %d, worker %d", len(take), len(rest), w)
 	}
+}
+
+// The lanes also cut a batch whose padded frames would pass the manifest's flow.max_batch_frames.
+func TestFlowLanesTrimToMaxFrames(t *testing.T) {
+	fits := func(n, tokens int) bool { return n*tokens*2 <= 100 }
+	l := newFlowLanes(1, 1000, 1.3, 2, nil, fits)
+	var items []*flowItem
+	for range 3 {
+		items = append(items, &flowItem{s: &stream{}, tokens: make([]int64, 20)})
+	}
+	take, rest, _ := l.admit(items)
+	if len(take) != 2 || len(rest) != 1 || rest[0] != items[2] {
+		t.Fatalf("take %d, rest %d; want 2 items (80 frames), 1 waiting", len(take), len(rest))
+	}
+}
+
+// flow.max_batch_frames: a manifest must let the longest chunk run alone; a flow run over the
+// limit is refused with an error naming the key (on CUDA it would be an illegal memory access);
+// bench stages skips that shape; and the engine's batches stay within it, batched still equal
+// to alone.
+func TestFlowMaxBatchFrames(t *testing.T) {
+	m := tinyManifest(t)
+	// The longest chunk: 50 tokens and 4 of context, padded to 56 tokens, 112 frames.
+	m.Flow.MaxBatchFrames = 111
+	if err := m.validate(); err == nil || !strings.Contains(err.Error(), "flow.max_batch_frames") || !strings.Contains(err.Error(), "112 frames") {
+		t.Fatalf("max_batch_frames 111: err %v, want one naming the key and 112 frames", err)
+	}
+	m.Flow.MaxBatchFrames = 120
+	if err := m.validate(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := loadPipeline(m, LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t)}, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := func(n, tokens int) []flowJob {
+		out := make([]flowJob, n)
+		for i := range out {
+			out[i] = flowJob{tokens: make([]int64, tokens), noise: p.noise(uint64(i), 0, tokens*2)}
+		}
+		return out
+	}
+	if _, err := p.flows[0].run(jobs(3, 20), nil); err != nil { // 120 frames
+		t.Fatalf("3 × 20 tokens: %v", err)
+	}
+	if _, err := p.flows[0].run(jobs(4, 20), nil); err == nil || !strings.Contains(err.Error(), "flow.max_batch_frames (120)") {
+		t.Fatalf("4 × 20 tokens: err %v, want one naming flow.max_batch_frames (120)", err)
+	}
+	res, err := p.ProfileStages(StageProfile{Batches: []int{3, 4}, Tokens: []int{20}, Runs: 1, Together: true}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range res {
+		s := fmt.Sprintf("%s %d", r.Stage, r.Batch)
+		if r.Together {
+			s += " together"
+		}
+		if r.Skipped != "" {
+			s += " skipped"
+			if r.Mean != 0 || !strings.Contains(r.Skipped, "flow.max_batch_frames") {
+				t.Errorf("skipped timing %+v: want no time and the reason", r)
+			}
+		}
+		got = append(got, s)
+	}
+	want := "lm_decode 3,flow 3,vocoder 3,lm_decode 3 together,flow 3 together,vocoder 3 together," +
+		"lm_decode 4,flow 4 skipped,vocoder 4,lm_decode 4 together,vocoder 4 together"
+	if strings.Join(got, ",") != want {
+		t.Fatalf("timings %s\nwant %s", strings.Join(got, ","), want)
+	}
+	testBatchedEqualsAlone(t, p, 0)
 }

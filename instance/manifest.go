@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/goccy/go-yaml"
 )
@@ -65,6 +66,12 @@ type FlowSpec struct {
 	FramesPerToken int     `yaml:"frames_per_token"`
 	Steps          int     `yaml:"steps"`
 	CFGStrength    float32 `yaml:"cfg_strength"`
+	// MaxBatchFrames is the most padded frames (items × frames) one flow run may carry; 0: not
+	// stated. It is the graphs' limit, which only their author knows: ONNX Runtime's CUDA
+	// kernels index with 32-bit integers, and a run whose largest intermediate passes 2^31
+	// values is an illegal memory access that kills the process. The engine's batches stay
+	// under it; a larger run is refused with an error.
+	MaxBatchFrames int `yaml:"max_batch_frames"`
 }
 
 // VocoderSpec describes the mel → audio graph.
@@ -149,7 +156,13 @@ func (m *Manifest) validate() error {
 	need(m.LM.Cache == "shared" || m.LM.MaxPositions == 0, "lm.max_positions", "applies only to lm.cache: shared")
 	need(m.Flow.MelBins > 0, "flow.mel_bins", "must be positive")
 	need(m.Flow.Steps > 0, "flow.steps", "must be positive")
+	need(m.Flow.FramesPerToken > 0, "flow.frames_per_token", "must be positive")
 	need(m.Flow.CFGStrength >= 0, "flow.cfg_strength", "must not be negative")
+	if mf := m.Flow.MaxBatchFrames; mf != 0 && m.Flow.FramesPerToken > 0 {
+		// The longest chunk with its context has to fit in a run on its own.
+		longest := alignTokens(m, slices.Max(m.Streaming.ChunkTokens)+max(m.Streaming.ContextTokens, 0)) * m.Flow.FramesPerToken
+		need(mf >= longest, "flow.max_batch_frames", fmt.Sprintf("%d is less than the longest chunk with its context, %d frames padded (streaming.chunk_tokens, streaming.context_tokens)", mf, longest))
+	}
 	need(m.Vocoder.Hop > 0, "vocoder.hop", "must be positive")
 	need(m.Streaming.ContextTokens >= 0, "streaming.context_tokens", "must not be negative")
 	for _, c := range m.Streaming.ChunkTokens {
@@ -188,6 +201,16 @@ func (m *Manifest) Tensor(name string) string {
 		return n
 	}
 	return name
+}
+
+// flowBatchFits says why a flow run of b items of up to n tokens cannot run, if it cannot: its
+// padded frames pass flow.max_batch_frames.
+func (m *Manifest) flowBatchFits(b, n int) error {
+	mf := m.Flow.MaxBatchFrames
+	if frames := b * alignTokens(m, n) * m.Flow.FramesPerToken; mf > 0 && frames > mf {
+		return fmt.Errorf("a flow run of %d items of %d tokens is %d padded frames, more than the manifest's flow.max_batch_frames (%d) allows in one run", b, n, frames, mf)
+	}
+	return nil
 }
 
 // ChunkSize is the number of speech tokens in chunk i of a stream.

@@ -25,6 +25,9 @@ type StageTiming struct {
 	AudioPerSecond float64 `json:"audio_per_second"`
 	// Together: timed while the other stages ran at the same time, each at this shape.
 	Together bool `json:"together,omitempty"`
+	// Skipped says why this shape was not timed (a flow run larger than the manifest allows);
+	// Runs, Mean and AudioPerSecond are then zero.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // StageProfile says what ProfileStages times.
@@ -111,7 +114,18 @@ func (p *Pipeline) ProfileStages(o StageProfile, progress func(StageTiming)) ([]
 					return err
 				}},
 			}
+			// A flow run past the graphs' limit would not fail cleanly but kill the process: the
+			// shape is reported as skipped, and the other stages are timed without it.
+			flowErr := m.flowBatchFits(b, n)
+			var run []stageRun
 			for _, st := range stages {
+				if st.t.Stage == "flow" && flowErr != nil {
+					t := st.t
+					t.Skipped = flowErr.Error()
+					out = append(out, t)
+					continue
+				}
+				run = append(run, st)
 				if progress != nil {
 					progress(st.t)
 				}
@@ -126,7 +140,7 @@ func (p *Pipeline) ProfileStages(o StageProfile, progress func(StageTiming)) ([]
 				if progress != nil {
 					progress(StageTiming{Stage: "all three", Batch: b, Tokens: n, Together: true})
 				}
-				ts, err := timeTogether(stages, runs)
+				ts, err := timeTogether(run, runs)
 				if err != nil {
 					p.lm.release()
 					return out, err

@@ -51,6 +51,11 @@ func newFlowStage(rt *runtime, m *Manifest) (*flowStage, error) {
 // run returns each job's mel, channel-major [mel_bins][frames]. Once stop is closed it gives up
 // before the next Euler step.
 func (s *flowStage) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
+	if _, n := jobLens(jobs); len(jobs) > 0 {
+		if err := s.m.flowBatchFits(len(jobs), n); err != nil {
+			return nil, err
+		}
+	}
 	if s.steps != nil {
 		return s.steps.run(jobs, stop)
 	}

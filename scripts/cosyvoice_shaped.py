@@ -975,6 +975,17 @@ class Vocoder(nn.Module):
         return torch.clamp(x, -AUDIO_LIMIT, AUDIO_LIMIT).squeeze(1).to(torch.float32)
 
 
+def flow_max_batch_frames():
+    """The most padded frames (items x frames) one flow run can take on ONNX Runtime's CUDA
+    provider: its kernels index with 32-bit integers, and the largest intermediate of the fused
+    estimator is the position convolutions' gather (conv1d_as_matmul), K x D values per frame of
+    both guidance passes. Past 2^31 values the run is an illegal memory access (H200: 256 chunks
+    of 232 frames, 3.8e9 values, crashed; 128 chunks, 1.9e9 values, ran). Rounded down to whole
+    runs of 8 frames."""
+    per_frame = 2 * DIT_POS_KERNEL * DIT_DIM
+    return (2**31 - 1) // per_frame // 8 * 8
+
+
 def vocoder_receptive_field_frames():
     """How many earlier mel frames an output sample can depend on (upper bound), from the
     architecture: each causal op adds its history, measured in frames at its own rate."""

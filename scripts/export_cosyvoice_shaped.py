@@ -90,6 +90,7 @@ flow:
   frames_per_token: {fpt}
   steps: {steps}
   cfg_strength: {cfg}
+  max_batch_frames: {max_frames}   # ONNX Runtime's CUDA kernels index with 32 bits; past this a run's largest tensor passes 2^31 values
 vocoder:
   file: vocoder.onnx
   hop: {hop}
@@ -111,7 +112,7 @@ def write_manifest(out_dir, dtype_name, cache):
         speech_vocab=cs.SPEECH_VOCAB, speech_token_offset=cs.SPEECH_TOKEN_OFFSET, sos=cs.SOS,
         token_rate=cs.TOKEN_RATE, min_tpc=MIN_TOKENS_PER_CHAR, max_tpc=MAX_TOKENS_PER_CHAR,
         max_tokens=MAX_TOKENS, mel_bins=cs.MEL_BINS, fpt=cs.FRAMES_PER_TOKEN, steps=STEPS,
-        cfg=CFG_STRENGTH, hop=cs.HOP, chunks=", ".join(str(c) for c in CHUNK_TOKENS),
+        cfg=CFG_STRENGTH, max_frames=cs.flow_max_batch_frames(), hop=cs.HOP, chunks=", ".join(str(c) for c in CHUNK_TOKENS),
         context=ctx, context_frames=ctx * cs.FRAMES_PER_TOKEN, rf=cs.vocoder_receptive_field_frames())
     path = os.path.join(out_dir, "pipeline.yaml")
     with open(path, "w") as f:

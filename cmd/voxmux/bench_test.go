@@ -118,6 +118,12 @@ func TestBenchStages(t *testing.T) {
 	if err := run("--group", "nope"); err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Errorf("--group nope: err %v, want one naming the group", err)
 	}
+	// A shape the model cannot run (flow.max_batch_frames) is a row that says why.
+	var table bytes.Buffer
+	writeStages(&table, []instance.StageTiming{{Stage: "flow", Batch: 256, Tokens: 115, Skipped: "too large"}})
+	if got := table.String(); got != "| flow | 256 | 115 | skipped: too large | |\n" {
+		t.Errorf("skipped shape printed as %q", got)
+	}
 	// The pipeline has room for the largest batch asked for, past the group's max_inflight.
 	c, err := config.Load(cfg)
 	if err != nil {

@@ -29,7 +29,9 @@ func stagesCmd() *cobra.Command {
 			"size, for items of each length in speech tokens. It uses the first GPU this process sees (set\n" +
 			"CUDA_VISIBLE_DEVICES to choose); run it on an idle GPU, not beside a serving router.\n" +
 			"With --together each shape is timed again with the three stages running at once, as they do\n" +
-			"in a serving instance. The group's provider option profile (a path prefix) makes ONNX Runtime\n" +
+			"in a serving instance. A flow shape larger than the model's flow.max_batch_frames is not run\n" +
+			"(on CUDA it would crash the process) and shows as skipped, with the reason.\n" +
+			"The group's provider option profile (a path prefix) makes ONNX Runtime\n" +
 			"write a profile of each session when the command ends (scripts/ort_profile_summary.py reads them).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -116,6 +118,10 @@ func writeStages(w io.Writer, res []instance.StageTiming) {
 		stage := t.Stage
 		if t.Together {
 			stage += ", with the others"
+		}
+		if t.Skipped != "" {
+			fmt.Fprintf(w, "| %s | %d | %d | skipped: %s | |\n", stage, t.Batch, t.Tokens, t.Skipped)
+			continue
 		}
 		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.0f |\n", stage, t.Batch, t.Tokens,
 			float64(t.Mean)/float64(time.Millisecond), t.AudioPerSecond)
