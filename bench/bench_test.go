@@ -28,16 +28,21 @@ type fakeTTS struct {
 	samplesPerChar int
 	pause          time.Duration
 	metrics        string // body of GET /metrics; empty: 404
-	requests       atomic.Int64
-	mu             sync.Mutex
-	formats        map[string]int
+	// metricsFunc, when set, is called for each GET /metrics and its body follows metrics.
+	metricsFunc func() string
+	requests    atomic.Int64
+	mu          sync.Mutex
+	formats     map[string]int
 }
 
 func (f *fakeTTS) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
-	case r.URL.Path == "/metrics" && f.metrics != "":
+	case r.URL.Path == "/metrics" && (f.metrics != "" || f.metricsFunc != nil):
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		fmt.Fprint(w, f.metrics)
+		if f.metricsFunc != nil {
+			fmt.Fprint(w, f.metricsFunc())
+		}
 		return
 	case r.URL.Path != "/v1/audio/speech" || r.Method != http.MethodPost:
 		http.NotFound(w, r)

@@ -52,6 +52,15 @@ type MetricsSampler struct {
 
 // Sample fetches and parses /metrics once.
 func (m *MetricsSampler) Sample(ctx context.Context) ([]GPUSample, error) {
+	families, err := m.families(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return gpuSamplesFrom(families)
+}
+
+// families fetches and parses /metrics.
+func (m *MetricsSampler) families(ctx context.Context) (map[string]*dto.MetricFamily, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(m.URL, "/")+"/metrics", nil)
 	if err != nil {
 		return nil, fmt.Errorf("metrics request: %w", err)
@@ -71,7 +80,7 @@ func (m *MetricsSampler) Sample(ctx context.Context) ([]GPUSample, error) {
 	if err != nil {
 		return nil, fmt.Errorf("parse %s: %w", req.URL, err)
 	}
-	return gpuSamplesFrom(families)
+	return families, nil
 }
 
 func gpuSamplesFrom(families map[string]*dto.MetricFamily) ([]GPUSample, error) {

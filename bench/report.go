@@ -170,6 +170,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			b.WriteString(errs + "\n")
 		}
 		fmt.Fprintf(&b, "GPU figures from: %s.\n\n", t.GPUSource)
+		b.WriteString(stageTable(t))
 	}
 	if len(r.Comparison) > 0 {
 		fmt.Fprintf(&b, "## %s ÷ %s\n\n", r.Targets[0].Name, r.Targets[1].Name)

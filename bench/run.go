@@ -208,6 +208,8 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 			return tr, err
 		}
 	}
+	// The target's own stage counters, whatever serves its GPU figures.
+	stages := stageReader{&MetricsSampler{Client: o.Client, URL: t.URL}}
 	levels := t.Concurrency
 	if levels == nil {
 		levels = o.Concurrency
@@ -221,6 +223,7 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 			}
 			o.Progress.StartLevel(t.Name, c, shown)
 		}
+		before, haveStages := stages.read(ctx)
 		rec := startGPURecorder(ctx, sampler, o.SampleInterval)
 		g := &generator{o: o, url: t.URL}
 		start := time.Now()
@@ -238,6 +241,11 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 		lr.GPUs = gpus
 		if gerr != nil {
 			lr.GPUError = gerr.Error()
+		}
+		if haveStages {
+			if after, ok := stages.read(ctx); ok {
+				lr.Stages = stageStats(before, after)
+			}
 		}
 		tr.Levels = append(tr.Levels, lr)
 		log.Info("bench level", "concurrency", c, "requests", lr.Requests, "failed", lr.Failed,

@@ -64,6 +64,9 @@ type LevelResult struct {
 
 	GPUs     []GPUStat `json:"gpus,omitempty"`
 	GPUError string    `json:"gpu_error,omitempty"`
+	// Stages are the server's pipeline stages over the level (voxmux's stage counters); none
+	// for a server without them.
+	Stages []StageStat `json:"stages,omitempty"`
 }
 
 // outcome is one request's measurement.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -74,7 +75,7 @@ func (c *grpcClient) Health(ctx context.Context) (instance.Health, error) {
 	}
 	h := instance.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight)}
 	for _, st := range r.Stages {
-		h.Stages = append(h.Stages, instance.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items})
+		h.Stages = append(h.Stages, instance.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs)})
 	}
 	return h, nil
 }

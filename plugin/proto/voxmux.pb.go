@@ -530,9 +530,10 @@ func (x *HealthResponse) GetStages() []*StageStats {
 
 type StageStats struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`      // lm_prefill, lm_decode, flow, vocoder
-	Batches       uint64                 `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"` // runs of the stage
-	Items         uint64                 `protobuf:"varint,3,opt,name=items,proto3" json:"items,omitempty"`     // requests or chunks those runs carried
+	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`                  // lm_prefill, lm_decode, flow, vocoder
+	Batches       uint64                 `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`             // runs of the stage
+	Items         uint64                 `protobuf:"varint,3,opt,name=items,proto3" json:"items,omitempty"`                 // requests or chunks those runs carried
+	BusyNs        uint64                 `protobuf:"varint,4,opt,name=busy_ns,json=busyNs,proto3" json:"busy_ns,omitempty"` // time those runs took (summed over a stage's workers, so it can pass wall time)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -588,6 +589,13 @@ func (x *StageStats) GetItems() uint64 {
 	return 0
 }
 
+func (x *StageStats) GetBusyNs() uint64 {
+	if x != nil {
+		return x.BusyNs
+	}
+	return 0
+}
+
 var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
@@ -638,12 +646,13 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
 	"\binflight\x18\x03 \x01(\rR\binflight\x124\n" +
-	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"R\n" +
+	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"k\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x14\n" +
-	"\x05items\x18\x03 \x01(\x04R\x05items2\xf1\x01\n" +
+	"\x05items\x18\x03 \x01(\x04R\x05items\x12\x17\n" +
+	"\abusy_ns\x18\x04 \x01(\x04R\x06busyNs2\xf1\x01\n" +
 	"\bInstance\x12E\n" +
 	"\x04Load\x12\x1d.voxmux.plugin.v1.LoadRequest\x1a\x1e.voxmux.plugin.v1.LoadResponse\x12Q\n" +
 	"\n" +

@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Counters a voxmux router exposes on /metrics for its instances' pipeline stages, one series
+// per stage and instance (docs/api.md).
+const (
+	MetricStageBatches = "voxmux_stage_batches_total"
+	MetricStageItems   = "voxmux_stage_batch_items_total"
+	MetricStageBusy    = "voxmux_stage_busy_seconds_total"
+)
+
+// StageStat is one pipeline stage over one level: the server's stage counters, summed over its
+// instances, between the level's start and end. It says where a level's time went, stage by
+// stage, without reading the instances' logs.
+type StageStat struct {
+	Stage     string `json:"stage"`
+	Instances int    `json:"instances"` // instances that report the stage
+	Runs      uint64 `json:"runs"`      // batched runs in the window
+	// WindowSeconds is the time between the two readings the figures come from.
+	WindowSeconds float64 `json:"window_seconds"`
+	RunsPerSecond Value   `json:"runs_per_second"`
+	MeanBatch     Value   `json:"mean_batch"`  // items per run
+	MeanRunMs     Value   `json:"mean_run_ms"` // null when the server has no busy counter
+	// BusyPct is the share of the window one instance's stage was running, in percent; a stage
+	// that runs several batches at once (the flow's workers) can pass 100.
+	BusyPct Value `json:"busy_pct"`
+}
+
+// stageCounters is one stage's counters summed over instances.
+type stageCounters struct {
+	batches, items, busy float64
+	instances            int
+	hasBusy              bool
+}
+
+// stageReading is a server's stage counters at one time.
+type stageReading struct {
+	at     time.Time
+	stages map[string]*stageCounters
+}
+
+// stageReadingFrom sums the stage counters of families by stage; ok is false when there are none
+// (a server that is not voxmux, or one whose instances have not reported yet).
+func stageReadingFrom(families map[string]*dto.MetricFamily, at time.Time) (r stageReading, ok bool) {
+	r = stageReading{at: at, stages: map[string]*stageCounters{}}
+	add := func(name string, f func(c *stageCounters, v float64)) {
+		for _, m := range families[name].GetMetric() {
+			stage := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "stage" {
+					stage = l.GetValue()
+				}
+			}
+			if stage == "" {
+				continue
+			}
+			c := r.stages[stage]
+			if c == nil {
+				c = &stageCounters{}
+				r.stages[stage] = c
+			}
+			v := m.GetCounter().GetValue()
+			if m.GetCounter() == nil {
+				v = m.GetUntyped().GetValue()
+			}
+			f(c, v)
+		}
+	}
+	add(MetricStageBatches, func(c *stageCounters, v float64) { c.batches += v; c.instances++ })
+	add(MetricStageItems, func(c *stageCounters, v float64) { c.items += v })
+	add(MetricStageBusy, func(c *stageCounters, v float64) { c.busy += v; c.hasBusy = true })
+	return r, len(r.stages) > 0
+}
+
+// stageOrder is the order of a staged pipeline; other stages follow by name.
+var stageOrder = []string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+
+func compareStages(a, b string) int {
+	ia, ib := slices.Index(stageOrder, a), slices.Index(stageOrder, b)
+	switch {
+	case ia >= 0 && ib >= 0:
+		return cmp.Compare(ia, ib)
+	case ia >= 0:
+		return -1
+	case ib >= 0:
+		return 1
+	}
+	return strings.Compare(a, b)
+}
+
+// stageStats are the stages' figures between readings a and b. A stage whose counters went
+// down (its instance restarted in between) or whose instances changed is left out: its window
+// is not the level's.
+func stageStats(a, b stageReading) []StageStat {
+	window := b.at.Sub(a.at).Seconds()
+	var out []StageStat
+	for name, cb := range b.stages {
+		ca := a.stages[name]
+		if ca == nil || ca.instances != cb.instances || window <= 0 {
+			continue
+		}
+		runs, items, busy := cb.batches-ca.batches, cb.items-ca.items, cb.busy-ca.busy
+		if runs < 0 || items < 0 || busy < 0 {
+			continue
+		}
+		s := StageStat{Stage: name, Instances: cb.instances, Runs: uint64(runs), WindowSeconds: window,
+			RunsPerSecond: Value(runs / window), MeanBatch: Value(math.NaN()), MeanRunMs: Value(math.NaN()), BusyPct: Value(math.NaN())}
+		if runs > 0 {
+			s.MeanBatch = Value(items / runs)
+		}
+		if cb.hasBusy && ca.hasBusy {
+			s.BusyPct = Value(100 * busy / window / float64(cb.instances))
+			if runs > 0 {
+				s.MeanRunMs = Value(1000 * busy / runs)
+			}
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(x, y StageStat) int { return compareStages(x.Stage, y.Stage) })
+	return out
+}
+
+// stageReader reads a target's stage counters from its /metrics.
+type stageReader struct{ m *MetricsSampler }
+
+func (r stageReader) read(ctx context.Context) (stageReading, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	fams, err := r.m.families(ctx)
+	if err != nil {
+		return stageReading{}, false
+	}
+	return stageReadingFrom(fams, time.Now())
+}
+
+// stageTable is the markdown table of the levels' stage figures, or "" when no level has any.
+func stageTable(t TargetResult) string {
+	var names []string
+	for _, l := range t.Levels {
+		for _, s := range l.Stages {
+			if !slices.Contains(names, s.Stage) {
+				names = append(names, s.Stage)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	slices.SortFunc(names, compareStages)
+	var b strings.Builder
+	b.WriteString("Where the time went, from the server's stage counters (`" + MetricStageBatches + "` and the like, summed over its instances; " +
+		"the router refreshes them every 2 s, so a level's window is its own give or take 2 s). " +
+		"Each cell: mean batch × mean run time, and the share of the window one instance's stage was running " +
+		"(a stage that runs several batches at once, such as the flow's workers, can pass 100%).\n\n")
+	b.WriteString("| concurrency | " + strings.Join(names, " | ") + " |\n")
+	b.WriteString("|---:|" + strings.Repeat("---|", len(names)) + "\n")
+	for _, l := range t.Levels {
+		if len(l.Stages) == 0 {
+			continue
+		}
+		cells := make([]string, len(names))
+		for i, n := range names {
+			cells[i] = "–"
+			for _, s := range l.Stages {
+				if s.Stage == n {
+					cells[i] = fmt.Sprintf("%s × %s ms, %s%%", num(s.MeanBatch, 1), num(s.MeanRunMs, 1), num(s.BusyPct, 0))
+				}
+			}
+		}
+		fmt.Fprintf(&b, "| %d | %s |\n", l.Concurrency, strings.Join(cells, " | "))
+	}
+	return b.String() + "\n"
+}

@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func stageMetricsText(readings int, withBusy bool) string {
+	var b strings.Builder
+	n := float64(readings)
+	for _, inst := range []string{"g0/0", "g1/0"} {
+		fmt.Fprintf(&b, "voxmux_stage_batches_total{group=%q,instance=%q,stage=\"lm_decode\"} %g\n", inst[:2], inst, 100*n)
+		fmt.Fprintf(&b, "voxmux_stage_batch_items_total{group=%q,instance=%q,stage=\"lm_decode\"} %g\n", inst[:2], inst, 4000*n)
+		fmt.Fprintf(&b, "voxmux_stage_batches_total{group=%q,instance=%q,stage=\"flow\"} %g\n", inst[:2], inst, 10*n)
+		fmt.Fprintf(&b, "voxmux_stage_batch_items_total{group=%q,instance=%q,stage=\"flow\"} %g\n", inst[:2], inst, 80*n)
+		if withBusy {
+			fmt.Fprintf(&b, "voxmux_stage_busy_seconds_total{group=%q,instance=%q,stage=\"lm_decode\"} %g\n", inst[:2], inst, 0.5*n)
+			fmt.Fprintf(&b, "voxmux_stage_busy_seconds_total{group=%q,instance=%q,stage=\"flow\"} %g\n", inst[:2], inst, 1.5*n)
+		}
+	}
+	return b.String()
+}
+
+func readingOf(t *testing.T, text string, at time.Time) (stageReading, bool) {
+	t.Helper()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stageReadingFrom(fams, at)
+}
+
+func TestStageStats(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a, ok := readingOf(t, stageMetricsText(1, true), t0)
+	if !ok {
+		t.Fatal("no stages read")
+	}
+	b, _ := readingOf(t, stageMetricsText(3, true), t0.Add(2*time.Second))
+	got := stageStats(a, b)
+	if len(got) != 2 || got[0].Stage != "lm_decode" || got[1].Stage != "flow" {
+		t.Fatalf("stages %+v, want lm_decode then flow", got)
+	}
+	// Two instances, each 200 decode runs of 40 rows and 2 s of busy time in a window of 2 s.
+	d := got[0]
+	if d.Instances != 2 || d.Runs != 400 || d.RunsPerSecond != 200 || d.MeanBatch != 40 || d.MeanRunMs != 5 || d.BusyPct != 50 {
+		t.Errorf("lm_decode %+v", d)
+	}
+	// The flow's two workers kept each instance's flow busy 150% of the time.
+	if f := got[1]; f.MeanBatch != 8 || f.MeanRunMs != 150 || f.BusyPct != 150 {
+		t.Errorf("flow %+v", f)
+	}
+	// A server without the busy counter: batches but no times.
+	a, _ = readingOf(t, stageMetricsText(1, false), t0)
+	b, _ = readingOf(t, stageMetricsText(2, false), t0.Add(time.Second))
+	if got := stageStats(a, b); len(got) != 2 || got[0].MeanBatch != 40 || !math.IsNaN(float64(got[0].MeanRunMs)) || !math.IsNaN(float64(got[0].BusyPct)) {
+		t.Errorf("without busy counters: %+v", got)
+	}
+	// Counters that went down (an instance restarted) leave the stage out.
+	if got := stageStats(b, a); len(got) != 0 {
+		t.Errorf("counters going down: %+v, want none", got)
+	}
+	if _, ok := readingOf(t, "voxmux_requests_total 3\n", t0); ok {
+		t.Error("a server without stage counters read as having stages")
+	}
+}
+
+// A level against a server with stage counters reports them, in JSON and as a markdown table.
+func TestStagesFromServerMetrics(t *testing.T) {
+	var reads atomic.Int64
+	fake := &fakeTTS{rate: 24000, samplesPerChar: 10, metricsFunc: func() string {
+		return stageMetricsText(int(reads.Add(1)), true)
+	}}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	rep, err := Run(context.Background(), Options{
+		Targets:          []Target{{Name: "fake", URL: srv.URL}},
+		Concurrency:      []int{1, 2},
+		RequestsPerLevel: 2,
+		Corpus:           []Sentence{{"en", "Hi."}},
+		SampleInterval:   time.Hour, // the GPU recorder reads /metrics once per level at most
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range rep.Targets[0].Levels {
+		if len(l.Stages) != 2 || l.Stages[0].Stage != "lm_decode" || l.Stages[0].MeanBatch != 40 || l.Stages[1].MeanBatch != 8 {
+			t.Errorf("level %d: stages %+v", l.Concurrency, l.Stages)
+		}
+	}
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), "| concurrency | lm_decode | flow |") || !strings.Contains(md.String(), "| 1 | 40.0 × 5.0 ms, ") {
+		t.Errorf("markdown lacks the stage table:\n%s", md.String())
+	}
+}
