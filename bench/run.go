@@ -210,6 +210,8 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 	}
 	// The target's own stage counters, whatever serves its GPU figures.
 	stages := stageReader{&MetricsSampler{Client: o.Client, URL: t.URL}}
+	_, serr := stages.read(ctx)
+	stageServer := serr == nil // the server has stage counters: a level without figures says why
 	levels := t.Concurrency
 	if levels == nil {
 		levels = o.Concurrency
@@ -223,7 +225,7 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 			}
 			o.Progress.StartLevel(t.Name, c, shown)
 		}
-		before, haveStages := stages.read(ctx)
+		before, berr := stages.read(ctx)
 		rec := startGPURecorder(ctx, sampler, o.SampleInterval)
 		g := &generator{o: o, url: t.URL}
 		start := time.Now()
@@ -242,11 +244,8 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 		if gerr != nil {
 			lr.GPUError = gerr.Error()
 		}
-		if haveStages {
-			if after, ok := stages.read(ctx); ok {
-				lr.Stages = stageStats(before, after)
-			}
-		}
+		after, aerr := stages.read(ctx)
+		lr.Stages, lr.StageError = levelStages(before, berr, after, aerr, stageServer)
 		tr.Levels = append(tr.Levels, lr)
 		log.Info("bench level", "concurrency", c, "requests", lr.Requests, "failed", lr.Failed,
 			"ttfb_p95_ms", float64(lr.TTFBP95Ms), "x_real_time", float64(lr.RealTimeX))

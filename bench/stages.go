@@ -3,6 +3,7 @@ package bench
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -134,17 +135,24 @@ func stageStats(a, b stageReading) []StageStat {
 // stageReader reads a target's stage counters from its /metrics.
 type stageReader struct{ m *MetricsSampler }
 
-func (r stageReader) read(ctx context.Context) (stageReading, bool) {
+// errNoStageCounters means the server's /metrics has no stage counters.
+var errNoStageCounters = errors.New("no " + MetricStageBatches + " series")
+
+func (r stageReader) read(ctx context.Context) (stageReading, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	fams, err := r.m.families(ctx)
 	if err != nil {
-		return stageReading{}, false
+		return stageReading{}, err
 	}
-	return stageReadingFrom(fams, time.Now())
+	if rd, ok := stageReadingFrom(fams, time.Now()); ok {
+		return rd, nil
+	}
+	return stageReading{}, errNoStageCounters
 }
 
-// stageTable is the markdown table of the levels' stage figures, or "" when no level has any.
+// stageTable is the markdown table of the levels' stage figures, with the reasons of levels that
+// have none, or "" when there is neither.
 func stageTable(t TargetResult) string {
 	var names []string
 	for _, l := range t.Levels {
@@ -154,7 +162,16 @@ func stageTable(t TargetResult) string {
 			}
 		}
 	}
+	var notes strings.Builder
+	for _, l := range t.Levels {
+		if l.StageError != "" {
+			fmt.Fprintf(&notes, "- concurrency %d: %s\n", l.Concurrency, l.StageError)
+		}
+	}
 	if len(names) == 0 {
+		if notes.Len() > 0 {
+			return "No stage figures:\n\n" + notes.String() + "\n"
+		}
 		return ""
 	}
 	slices.SortFunc(names, compareStages)
@@ -180,5 +197,30 @@ func stageTable(t TargetResult) string {
 		}
 		fmt.Fprintf(&b, "| %d | %s |\n", l.Concurrency, strings.Join(cells, " | "))
 	}
-	return b.String() + "\n"
+	b.WriteString("\n")
+	if notes.Len() > 0 {
+		b.WriteString("Levels without stage figures:\n\n" + notes.String() + "\n")
+	}
+	return b.String()
+}
+
+// levelStages are a level's stage figures from the readings at its start and end, or why there
+// are none. A server without stage counters (not voxmux: stageServer false and neither reading
+// found any) gets neither; one that has them says what went wrong.
+func levelStages(before stageReading, berr error, after stageReading, aerr error, stageServer bool) ([]StageStat, string) {
+	switch {
+	case berr == nil && aerr == nil:
+		return stageStats(before, after), ""
+	case stageServer || berr == nil || aerr == nil:
+		return nil, fmt.Sprintf("stage counters at the level's start: %s; at its end: %s", errText(berr), errText(aerr))
+	}
+	return nil, ""
+}
+
+// errText is err's message, or "read" for none.
+func errText(err error) string {
+	if err == nil {
+		return "read"
+	}
+	return err.Error()
 }

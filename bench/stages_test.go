@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http/httptest"
@@ -73,6 +74,33 @@ func TestStageStats(t *testing.T) {
 	}
 	if _, ok := readingOf(t, "voxmux_requests_total 3\n", t0); ok {
 		t.Error("a server without stage counters read as having stages")
+	}
+}
+
+// A level's readings that failed are named, unless the server never had stage counters.
+func TestLevelStages(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	a, _ := readingOf(t, stageMetricsText(1, true), t0)
+	b, _ := readingOf(t, stageMetricsText(2, true), t0.Add(time.Second))
+	if st, msg := levelStages(a, nil, b, nil, true); len(st) != 2 || msg != "" {
+		t.Errorf("both read: %d stages, %q", len(st), msg)
+	}
+	fail := errors.New("connection refused")
+	if st, msg := levelStages(stageReading{}, fail, b, nil, true); st != nil || msg != "stage counters at the level's start: connection refused; at its end: read" {
+		t.Errorf("start failed: %v, %q", st, msg)
+	}
+	// Not voxmux: no counters at either end, nothing to say.
+	if st, msg := levelStages(stageReading{}, errNoStageCounters, stageReading{}, errNoStageCounters, false); st != nil || msg != "" {
+		t.Errorf("no stage server: %v, %q", st, msg)
+	}
+	// A voxmux server whose counters vanished says so.
+	if _, msg := levelStages(stageReading{}, errNoStageCounters, stageReading{}, errNoStageCounters, true); !strings.Contains(msg, "no voxmux_stage_batches_total series") {
+		t.Errorf("counters gone: %q", msg)
+	}
+	var md strings.Builder
+	md.WriteString(stageTable(TargetResult{Levels: []LevelResult{{Concurrency: 1, StageError: "stage counters at the level's start: x; at its end: read"}}}))
+	if !strings.Contains(md.String(), "- concurrency 1: stage counters at the level's start: x") {
+		t.Errorf("markdown lacks the reason:\n%s", md.String())
 	}
 }
 

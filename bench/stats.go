@@ -67,6 +67,8 @@ type LevelResult struct {
 	// Stages are the server's pipeline stages over the level (voxmux's stage counters); none
 	// for a server without them.
 	Stages []StageStat `json:"stages,omitempty"`
+	// StageError says why a server that has stage counters has none for this level.
+	StageError string `json:"stage_error,omitempty"`
 }
 
 // outcome is one request's measurement.
