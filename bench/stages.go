@@ -138,7 +138,31 @@ type stageReader struct{ m *MetricsSampler }
 // errNoStageCounters means the server's /metrics has no stage counters.
 var errNoStageCounters = errors.New("no " + MetricStageBatches + " series")
 
+// errStagesPending means a voxmux router has a ready instance but no stage counters from it yet:
+// it asks its instances for them every 2 s, so they follow an instance's start by up to that.
+var errStagesPending = fmt.Errorf("%w yet from the router's ready instances", errNoStageCounters)
+
+// stagesWait is how long a reading waits for a router's pending stage counters.
+const stagesWait = 3 * time.Second
+
+// read reads the stage counters; while a router's are pending it tries again for up to
+// stagesWait.
 func (r stageReader) read(ctx context.Context) (stageReading, error) {
+	deadline := time.Now().Add(stagesWait)
+	for {
+		rd, err := r.readOnce(ctx)
+		if !errors.Is(err, errStagesPending) || time.Now().After(deadline) {
+			return rd, err
+		}
+		select {
+		case <-ctx.Done():
+			return rd, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func (r stageReader) readOnce(ctx context.Context) (stageReading, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	fams, err := r.m.families(ctx)
@@ -148,8 +172,16 @@ func (r stageReader) read(ctx context.Context) (stageReading, error) {
 	if rd, ok := stageReadingFrom(fams, time.Now()); ok {
 		return rd, nil
 	}
+	for _, m := range fams[metricInstanceReady].GetMetric() {
+		if gaugeValue(m) == 1 {
+			return stageReading{}, errStagesPending
+		}
+	}
 	return stageReading{}, errNoStageCounters
 }
+
+// metricInstanceReady is a voxmux router's gauge of each instance's readiness.
+const metricInstanceReady = "voxmux_instance_ready"
 
 // stageTable is the markdown table of the levels' stage figures, with the reasons of levels that
 // have none, or "" when there is neither.

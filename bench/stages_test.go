@@ -135,3 +135,40 @@ func TestStagesFromServerMetrics(t *testing.T) {
 		t.Errorf("markdown lacks the stage table:\n%s", md.String())
 	}
 }
+
+// A router that has not reported its instances' stage counters yet (they follow an instance's
+// start by up to 2 s) is waited for, so the first level has figures too.
+func TestStagesPendingAtFirstLevel(t *testing.T) {
+	var reads atomic.Int64
+	start := time.Now()
+	fake := &fakeTTS{rate: 24000, samplesPerChar: 10, metricsFunc: func() string {
+		n := reads.Add(1)
+		if time.Since(start) < 600*time.Millisecond {
+			return "voxmux_instance_ready{group=\"g0\",instance=\"g0/0\"} 1\n"
+		}
+		return stageMetricsText(int(n), true)
+	}}
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	rep, err := Run(context.Background(), Options{
+		Targets:          []Target{{Name: "fake", URL: srv.URL}},
+		Concurrency:      []int{1},
+		RequestsPerLevel: 1,
+		Corpus:           []Sentence{{"en", "Hi."}},
+		SampleInterval:   time.Hour,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := rep.Targets[0].Levels[0]; len(l.Stages) != 2 || l.StageError != "" {
+		t.Errorf("first level: stages %+v, error %q", l.Stages, l.StageError)
+	}
+	// A server without stage counters is not waited for.
+	began := time.Now()
+	plain := httptest.NewServer(&fakeTTS{metrics: "voxmux_requests_total 1\n"})
+	defer plain.Close()
+	r := stageReader{&MetricsSampler{Client: plain.Client(), URL: plain.URL}}
+	if _, err := r.read(context.Background()); !errors.Is(err, errNoStageCounters) || errors.Is(err, errStagesPending) || time.Since(began) > time.Second {
+		t.Errorf("plain server: %v after %v", err, time.Since(began))
+	}
+}
