@@ -210,8 +210,7 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 	}
 	// The target's own stage counters, whatever serves its GPU figures.
 	stages := stageReader{&MetricsSampler{Client: o.Client, URL: t.URL}}
-	_, serr := stages.read(ctx)
-	stageServer := serr == nil // the server has stage counters: a level without figures says why
+	stageServer := false // a reading has found stage counters: a level without figures says why
 	levels := t.Concurrency
 	if levels == nil {
 		levels = o.Concurrency
@@ -246,6 +245,7 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 		}
 		after, aerr := stages.read(ctx)
 		lr.Stages, lr.StageError = levelStages(before, berr, after, aerr, stageServer)
+		stageServer = stageServer || berr == nil || aerr == nil
 		tr.Levels = append(tr.Levels, lr)
 		log.Info("bench level", "concurrency", c, "requests", lr.Requests, "failed", lr.Failed,
 			"ttfb_p95_ms", float64(lr.TTFBP95Ms), "x_real_time", float64(lr.RealTimeX))

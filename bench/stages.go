@@ -71,17 +71,21 @@ func stageReadingFrom(families map[string]*dto.MetricFamily, at time.Time) (r st
 				c = &stageCounters{}
 				r.stages[stage] = c
 			}
-			v := m.GetCounter().GetValue()
-			if m.GetCounter() == nil {
-				v = m.GetUntyped().GetValue()
-			}
-			f(c, v)
+			f(c, counterValue(m))
 		}
 	}
 	add(MetricStageBatches, func(c *stageCounters, v float64) { c.batches += v; c.instances++ })
 	add(MetricStageItems, func(c *stageCounters, v float64) { c.items += v })
 	add(MetricStageBusy, func(c *stageCounters, v float64) { c.busy += v; c.hasBusy = true })
 	return r, len(r.stages) > 0
+}
+
+// counterValue reads a series whether the server typed it as a counter or left it untyped.
+func counterValue(m *dto.Metric) float64 {
+	if c := m.GetCounter(); c != nil {
+		return c.GetValue()
+	}
+	return m.GetUntyped().GetValue()
 }
 
 // stageOrder is the order of a staged pipeline; other stages follow by name.
@@ -237,8 +241,8 @@ func stageTable(t TargetResult) string {
 }
 
 // levelStages are a level's stage figures from the readings at its start and end, or why there
-// are none. A server without stage counters (not voxmux: stageServer false and neither reading
-// found any) gets neither; one that has them says what went wrong.
+// are none. A server without stage counters (not voxmux: no reading of this level or an earlier
+// one, stageServer, found any) gets neither; one that has them says what went wrong.
 func levelStages(before stageReading, berr error, after stageReading, aerr error, stageServer bool) ([]StageStat, string) {
 	switch {
 	case berr == nil && aerr == nil:
