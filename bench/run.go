@@ -211,6 +211,9 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 	// The target's own stage counters, whatever serves its GPU figures.
 	stages := stageReader{&MetricsSampler{Client: o.Client, URL: t.URL}}
 	stageServer := false // a reading has found stage counters: a level without figures says why
+	// The end of one level is the start of the next: its reading is reused when it succeeded.
+	var last stageReading
+	lastErr := errNoStageCounters
 	levels := t.Concurrency
 	if levels == nil {
 		levels = o.Concurrency
@@ -224,7 +227,10 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 			}
 			o.Progress.StartLevel(t.Name, c, shown)
 		}
-		before, berr := stages.read(ctx)
+		before, berr := last, lastErr
+		if berr != nil {
+			before, berr = stages.read(ctx)
+		}
 		rec := startGPURecorder(ctx, sampler, o.SampleInterval)
 		g := &generator{o: o, url: t.URL}
 		start := time.Now()
@@ -246,6 +252,7 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 		after, aerr := stages.read(ctx)
 		lr.Stages, lr.StageError = levelStages(before, berr, after, aerr, stageServer)
 		stageServer = stageServer || berr == nil || aerr == nil
+		last, lastErr = after, aerr
 		tr.Levels = append(tr.Levels, lr)
 		log.Info("bench level", "concurrency", c, "requests", lr.Requests, "failed", lr.Failed,
 			"ttfb_p95_ms", float64(lr.TTFBP95Ms), "x_real_time", float64(lr.RealTimeX))
