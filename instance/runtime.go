@@ -28,6 +28,8 @@ type runtime struct {
 	// sdpaSet: provider_options chose sdpa_kernel (ONNX Runtime's attention kernels), for every
 	// session.
 	sdpaSet bool
+	// nhwcSet: provider_options chose prefer_nhwc (channels-last convolutions), for every session.
+	nhwcSet bool
 	intraOp int // intra_op_num_threads, 0: ONNX Runtime's default
 	// vocoderBatches are the batch sizes of the vocoder's fixed-shape sessions (provider option
 	// vocoder_batches); none: one session takes every shape.
@@ -153,6 +155,7 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 		r.cudaOpts = o
 		_, r.convSearchSet = rest["cudnn_conv_algo_search"]
 		_, r.sdpaSet = rest["sdpa_kernel"]
+		_, r.nhwcSet = rest["prefer_nhwc"]
 		if !vocSet {
 			// A vocoder fed chunks of every length changes shape on nearly every run.
 			r.vocoderBatches = []int{1, 4, 16}
@@ -216,16 +219,31 @@ func (r *runtime) session(name, file string, inputs, outputs []string) (*ort.Dyn
 	return r.load(r.opts, name, file, inputs, outputs)
 }
 
-// fixedShapeSession loads file for a session that only ever sees one input shape. On CUDA its
-// convolutions use cudnn_conv_algo_search EXHAUSTIVE (ONNX Runtime 1.29: cuDNN frontend's
-// heuristics mode B): planning costs over a second per shape, paid once here, and the engines it
-// picks ran the benchmark vocoder 3× faster than DEFAULT's fallback ones. provider_options' own
-// cudnn_conv_algo_search wins.
-func (r *runtime) fixedShapeSession(name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
+// fixedShapeSession loads file, with the CUDA provider options cuda, for a session that only
+// ever sees one input shape. On CUDA its convolutions use cudnn_conv_algo_search EXHAUSTIVE (ONNX
+// Runtime 1.29: cuDNN frontend's heuristics mode B): planning costs over a second per shape, paid
+// once here, and the engines it picks ran the benchmark vocoder 3× faster than DEFAULT's fallback
+// ones. provider_options' own cudnn_conv_algo_search wins.
+func (r *runtime) fixedShapeSession(cuda map[string]string, name, file string, inputs, outputs []string) (*ort.DynamicAdvancedSession, error) {
 	if r.provider != "cuda" || r.convSearchSet {
-		return r.session(name, file, inputs, outputs)
+		return r.sessionWith(cuda, name, file, inputs, outputs)
 	}
-	return r.sessionWith(map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"}, name, file, inputs, outputs)
+	o := map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"}
+	maps.Copy(o, cuda)
+	return r.sessionWith(o, name, file, inputs, outputs)
+}
+
+// vocoderCUDAOptions are the vocoder sessions' own CUDA provider options: prefer_nhwc, so that
+// ONNX Runtime runs the convolutions channels-last, the layout of cuDNN's fastest float16 kernels.
+// It ran the benchmark vocoder 15–20% faster at batches of 16 and 32 chunks and left batch 16 of
+// first chunks as it was (H100, docs/benchmarks/RESULTS.md, session 14). The vocoder's sessions
+// alone: the flow's step graphs, given it, get layout nodes that ONNX Runtime leaves to the CPU,
+// and then cannot be captured. provider_options' own prefer_nhwc wins, for every session.
+func (r *runtime) vocoderCUDAOptions() map[string]string {
+	if r.provider != "cuda" || r.nhwcSet {
+		return nil
+	}
+	return map[string]string{"prefer_nhwc": "1"}
 }
 
 // efficientAttention is sdpa_kernel's value for ONNX Runtime's memory-efficient attention

@@ -24,6 +24,24 @@ func TestFlowCUDAOptions(t *testing.T) {
 	}
 }
 
+// On CUDA the vocoder's sessions ask for channels-last convolutions unless provider_options chose
+// the layout for every session; on the CPU there is nothing to choose.
+func TestVocoderCUDAOptions(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		r    runtime
+		want map[string]string
+	}{
+		{"cuda", runtime{provider: "cuda"}, map[string]string{"prefer_nhwc": "1"}},
+		{"cuda, prefer_nhwc given", runtime{provider: "cuda", nhwcSet: true}, nil},
+		{"cpu", runtime{provider: "cpu"}, nil},
+	} {
+		if got := c.r.vocoderCUDAOptions(); !maps.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("%s: vocoder CUDA options %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
 // flow_workers is voxmux's own provider option: a count from 1 to 8, one on the CPU unless set.
 func TestFlowWorkersOption(t *testing.T) {
 	lib := ortLibrary(t)

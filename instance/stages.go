@@ -343,7 +343,7 @@ func vocoderFrames(m *Manifest) []int {
 
 func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 	in, out := []string{m.Tensor("mel")}, []string{m.Tensor("audio")}
-	s, err := rt.session("vocoder", m.Path(m.Vocoder.File), in, out)
+	s, err := rt.sessionWith(rt.vocoderCUDAOptions(), "vocoder", m.Path(m.Vocoder.File), in, out)
 	if err != nil {
 		return nil, fmt.Errorf("vocoder: %w", err)
 	}
@@ -375,7 +375,7 @@ func newVocoderStage(rt *runtime, m *Manifest) (*vocoderStage, error) {
 		v.batches = append(v.batches, b)
 		v.fixed = append(v.fixed, nil)
 		for _, F := range v.frames {
-			f, err := rt.fixedShapeSession(fmt.Sprintf("vocoder_%dx%d", b, F), m.Path(m.Vocoder.File), in, out)
+			f, err := rt.fixedShapeSession(rt.vocoderCUDAOptions(), fmt.Sprintf("vocoder_%dx%d", b, F), m.Path(m.Vocoder.File), in, out)
 			if err == nil {
 				v.fixed[i] = append(v.fixed[i], f)
 				// Warm up: the session plans its convolutions for its one shape now, not on a request.

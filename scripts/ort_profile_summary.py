@@ -73,6 +73,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("prefix", help="the provider option profile's value (a path prefix)")
     ap.add_argument("--top", type=int, default=8, help="op types to list per session and mode")
+    ap.add_argument("--by-shape", action="store_true",
+                    help="list op types per input shape too (a session's prefills apart from its decode steps)")
     a = ap.parse_args()
     files = sorted(glob.glob(a.prefix + "*.json"))
     if not files:
@@ -112,9 +114,11 @@ def main():
                 k += 1
             mode = "together" if overlaps(run, others) else "alone"
             nruns[(name, mode)] += 1
+            key = (name, mode, first or "?") if a.by_shape else (name, mode)
+            nruns[key] += a.by_shape
             for t, nd, op, prov, shp in nodes[j:k]:
-                ops[(name, mode)][op] += nd
-                counts[(name, mode)][op] += 1
+                ops[key][op] += nd
+                counts[key][op] += 1
                 if prov == "CPUExecutionProvider":
                     cpu_ops[name][op] += 1
             g = groups.setdefault((first or "?", mode), [0, 0, 0, 0, 0])
@@ -130,12 +134,12 @@ def main():
     print()
     print("Time by op type (ms per run, nodes per run); under CUDA_LAUNCH_BLOCKING=1 each CUDA")
     print("node's time includes its kernels' run on the GPU.\n")
-    for (name, mode), c in sorted(ops.items()):
-        n = nruns[(name, mode)] or 1
+    for key, c in sorted(ops.items()):
+        n = nruns[key] or 1
         total = sum(c.values()) or 1
-        top = ", ".join(f"{op} {v / n / 1e3:.2f} ms ({v / total:.0%}, {counts[(name, mode)][op] / n:.0f})"
+        top = ", ".join(f"{op} {v / n / 1e3:.2f} ms ({v / total:.0%}, {counts[key][op] / n:.0f})"
                         for op, v in c.most_common(a.top))
-        print(f"- {name}, {mode}: {top}")
+        print(f"- {', '.join(key)}: {top}")
     print()
     for name, c in sorted(cpu_ops.items()):
         n = sum(nruns[(name, m)] for m in ("alone", "together")) or 1
