@@ -235,8 +235,8 @@ func (r *runtime) fixedShapeSession(cuda map[string]string, name, file string, i
 
 // vocoderCUDAOptions are the vocoder sessions' own CUDA provider options: prefer_nhwc, so that
 // ONNX Runtime runs the convolutions channels-last, the layout of cuDNN's fastest float16 kernels.
-// It ran the benchmark vocoder 15–20% faster at batches of 16 and 32 chunks and left batch 16 of
-// first chunks as it was (H100, docs/benchmarks/RESULTS.md, session 14). The vocoder's sessions
+// It ran the benchmark vocoder's batches of 32 chunks, and of 16 long ones, 14–19% faster, and the
+// server 2–4% faster (H100, docs/benchmarks/RESULTS.md, session 14). The vocoder's sessions
 // alone: the flow's step graphs, given it, get layout nodes that ONNX Runtime leaves to the CPU,
 // and then cannot be captured. provider_options' own prefer_nhwc wins, for every session.
 func (r *runtime) vocoderCUDAOptions() map[string]string {
