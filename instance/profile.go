@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,9 +18,12 @@ type StageTiming struct {
 	// the cache length).
 	Batch  int `json:"batch"`
 	Tokens int `json:"tokens"`
-	// Runs were timed after one untimed run; Mean is their mean.
-	Runs int           `json:"runs"`
-	Mean time.Duration `json:"mean_ns"`
+	// Runs were timed after one untimed run; Mean is their mean, Median and Min their median and
+	// fastest (a mean well above the median says a few runs were slow, not every one).
+	Runs   int           `json:"runs"`
+	Mean   time.Duration `json:"mean_ns"`
+	Median time.Duration `json:"median_ns"`
+	Min    time.Duration `json:"min_ns"`
 	// AudioPerSecond is seconds of audio the stage turns out per second of its time at this
 	// shape: the ceiling it puts on throughput (the LM's is tokens per second / token rate).
 	AudioPerSecond float64 `json:"audio_per_second"`
@@ -169,19 +173,32 @@ func (s stageRun) time(runs int) (StageTiming, error) {
 	if err := s.run(); err != nil {
 		return s.t, s.fail(err)
 	}
-	start := time.Now()
-	for i := 0; i < runs; i++ {
+	took := make([]time.Duration, runs)
+	for i := range took {
+		start := time.Now()
 		if err := s.run(); err != nil {
 			return s.t, s.fail(err)
 		}
+		took[i] = time.Since(start)
 	}
-	return s.done(runs, time.Since(start)), nil
+	return s.done(took), nil
 }
 
-func (s stageRun) done(runs int, total time.Duration) StageTiming {
+// done is s's timing from each timed run's duration (at least one).
+func (s stageRun) done(took []time.Duration) StageTiming {
 	t := s.t
-	t.Runs = runs
-	t.Mean = total / time.Duration(runs)
+	t.Runs = len(took)
+	var total time.Duration
+	for _, d := range took {
+		total += d
+	}
+	t.Mean = total / time.Duration(len(took))
+	sorted := slices.Sorted(slices.Values(took))
+	t.Min = sorted[0]
+	t.Median = sorted[len(sorted)/2]
+	if len(sorted)%2 == 0 {
+		t.Median = (sorted[len(sorted)/2-1] + sorted[len(sorted)/2]) / 2
+	}
 	t.AudioPerSecond = s.audio / t.Mean.Seconds()
 	return t
 }
@@ -200,8 +217,8 @@ func timeTogether(stages []stageRun, runs int) ([]StageTiming, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n, reached := 0, false
-			var total time.Duration
+			var took []time.Duration
+			reached := false
 			defer func() {
 				if !reached {
 					left.Done()
@@ -214,14 +231,13 @@ func timeTogether(stages []stageRun, runs int) ([]StageTiming, error) {
 					stop.Store(true)
 					return
 				}
-				total += time.Since(start)
-				n++
-				if n == runs {
+				took = append(took, time.Since(start))
+				if len(took) == runs {
 					reached = true
 					left.Done()
 				}
 			}
-			out[i] = st.done(n, total)
+			out[i] = st.done(took)
 			out[i].Together = true
 		}()
 	}

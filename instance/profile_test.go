@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestProfileStages(t *testing.T) {
@@ -24,6 +25,9 @@ func TestProfileStages(t *testing.T) {
 		if r.Stage != want[i] || r.Runs != 2 || r.Tokens != 6 || r.Mean <= 0 || r.AudioPerSecond <= 0 {
 			t.Errorf("timing %d = %+v, want stage %s, 2 runs, 6 tokens, positive time and rate", i, r, want[i])
 		}
+		if r.Min <= 0 || r.Min > r.Median || r.Min > r.Mean {
+			t.Errorf("timing %d: fastest run %v, median %v, mean %v; want 0 < fastest ≤ median and mean", i, r.Min, r.Median, r.Mean)
+		}
 	}
 	if res[0].Batch != 1 || res[3].Batch != 3 {
 		t.Errorf("batches %d, %d; want 1, 3", res[0].Batch, res[3].Batch)
@@ -34,6 +38,20 @@ func TestProfileStages(t *testing.T) {
 	}
 	if _, err := p.ProfileStages(StageProfile{Batches: []int{1}, Tokens: []int{6}}, nil); err == nil || !strings.Contains(err.Error(), "runs") {
 		t.Errorf("runs 0: err %v, want one naming runs", err)
+	}
+}
+
+// A timing's mean, median and fastest run come from each run's own duration: one slow run lifts
+// the mean and leaves the median.
+func TestStageTimingFromRuns(t *testing.T) {
+	ms := time.Millisecond
+	s := stageRun{t: StageTiming{Stage: "lm_decode", Batch: 4}, audio: 0.16}
+	got := s.done([]time.Duration{2 * ms, 1 * ms, 13 * ms, 3 * ms, 1 * ms})
+	if got.Runs != 5 || got.Mean != 4*ms || got.Median != 2*ms || got.Min != ms || got.AudioPerSecond != 40 {
+		t.Errorf("runs of 2, 1, 13, 3 and 1 ms: %+v; want 5 runs, mean 4 ms, median 2 ms, fastest 1 ms, 40 audio s per s", got)
+	}
+	if got := s.done([]time.Duration{4 * ms, 1 * ms, 2 * ms, 9 * ms}); got.Median != 3*ms {
+		t.Errorf("runs of 4, 1, 2 and 9 ms: median %v, want 3ms (between the middle two)", got.Median)
 	}
 }
 

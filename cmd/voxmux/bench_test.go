@@ -121,7 +121,7 @@ func TestBenchStages(t *testing.T) {
 	// A shape the model cannot run (flow.max_batch_frames) is a row that says why.
 	var table bytes.Buffer
 	writeStages(&table, []instance.StageTiming{{Stage: "flow", Batch: 256, Tokens: 115, Skipped: "too large"}})
-	if got := table.String(); got != "| flow | 256 | 115 | skipped: too large | |\n" {
+	if got := table.String(); got != "| flow | 256 | 115 | skipped: too large | | | |\n" {
 		t.Errorf("skipped shape printed as %q", got)
 	}
 	// The pipeline has room for the largest batch asked for, past the group's max_inflight.

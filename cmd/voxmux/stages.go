@@ -74,8 +74,8 @@ func stagesCmd() *cobra.Command {
 				how = "each flow and vocoder run one token longer than the last"
 			}
 			fmt.Fprintf(w, "# Stages of %s, each alone (%s; %s)\n\n", cfg.ModelPath(), cfg.Provider, how)
-			fmt.Fprintln(w, "| stage | batch | tokens | ms per run | audio s per s |")
-			fmt.Fprintln(w, "|---|---:|---:|---:|---:|")
+			fmt.Fprintln(w, "| stage | batch | tokens | ms per run | median ms | fastest ms | audio s per s |")
+			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
 			res, err := p.ProfileStages(instance.StageProfile{Batches: batches, Tokens: tokens, Runs: runs, Together: together, Vary: vary}, func(t instance.StageTiming) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "timing %s: batch %d × %d tokens ...\n", t.Stage, t.Batch, t.Tokens)
 			})
@@ -120,10 +120,11 @@ func writeStages(w io.Writer, res []instance.StageTiming) {
 			stage += ", with the others"
 		}
 		if t.Skipped != "" {
-			fmt.Fprintf(w, "| %s | %d | %d | skipped: %s | |\n", stage, t.Batch, t.Tokens, t.Skipped)
+			fmt.Fprintf(w, "| %s | %d | %d | skipped: %s | | | |\n", stage, t.Batch, t.Tokens, t.Skipped)
 			continue
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.0f |\n", stage, t.Batch, t.Tokens,
-			float64(t.Mean)/float64(time.Millisecond), t.AudioPerSecond)
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		fmt.Fprintf(w, "| %s | %d | %d | %.1f | %.1f | %.1f | %.0f |\n", stage, t.Batch, t.Tokens,
+			ms(t.Mean), ms(t.Median), ms(t.Min), t.AudioPerSecond)
 	}
 }
