@@ -92,7 +92,7 @@ func decodeAlone(t *testing.T, cache string) [][]float32 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want = append(want, l[0])
+		want = append(want, slices.Clone(l[0])) // a step's logits hold until the next
 	}
 	return want
 }
@@ -146,7 +146,7 @@ func decodeBesideOthers(t *testing.T, cache string) [][]float32 {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, l[0])
+		got = append(got, slices.Clone(l[0]))
 	}
 	return got
 }
@@ -202,7 +202,7 @@ func TestDecoderJoinTogether(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got = append(got, l[1])
+				got = append(got, slices.Clone(l[1]))
 			}
 			for i := range want {
 				if w := maxDiff(want[i], got[i]); w > 1e-4 {
@@ -250,7 +250,7 @@ func TestGraphCacheCompactsToMakeRoom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, l[0])
+		got = append(got, slices.Clone(l[0]))
 	}
 	step([]*lmRow{b[0], a[0], c[0]}, 0)
 	// a leaves slot 0 free: two new rows fit only once b and c have moved down.
@@ -289,5 +289,35 @@ func TestLMStreamPriorityOption(t *testing.T) {
 			}
 			r.close()
 		}
+	}
+}
+
+// A decode step in the graphs' fixed shapes hands back its logits in one buffer kept for every
+// step of its bucket, so a busy LM allocates no B × vocabulary floats per step for Go's collector
+// (each row's logits are a view of it, valid until the next step).
+func TestGraphStepReusesLogits(t *testing.T) {
+	d := newTestDecoder(t, "graph")
+	m := tinyManifest(t)
+	rows, _, err := d.join([][]int64{m.Tokenize(testPromptA), m.Tokenize(testPromptB)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := d.step(rows, []int64{300, 301})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept := slices.Clone(first[1])
+	second, err := d.step(rows, []int64{302, 303})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &first[1][0] != &second[1][0] {
+		t.Errorf("the second step's logits are in new memory, want the buffer of the first")
+	}
+	if maxDiff(kept, second[1]) == 0 {
+		t.Errorf("the second step's logits equal the first's: the buffer was not refilled")
+	}
+	if len(second[0]) != m.LM.SpeechVocab+1 || cap(second[0]) != len(second[0]) {
+		t.Errorf("row 0's logits: %d values, capacity %d; want %d of each (appending must not reach row 1)", len(second[0]), cap(second[0]), m.LM.SpeechVocab+1)
 	}
 }

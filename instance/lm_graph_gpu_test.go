@@ -3,6 +3,7 @@ package instance
 import (
 	"math"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/voxmux/voxmux/instance/iobind"
@@ -64,7 +65,9 @@ func TestLMGraphsOnGPU(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: step %d: %v", name, i, err)
 			}
-			out = append(out, ls...)
+			for _, l := range ls {
+				out = append(out, slices.Clone(l)) // a step's logits hold until the next
+			}
 		}
 		return out
 	}
