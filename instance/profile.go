@@ -237,8 +237,12 @@ func timeTogether(stages []stageRun, runs int) ([]StageTiming, error) {
 					left.Done()
 				}
 			}
-			out[i] = st.done(took)
-			out[i].Together = true
+			// Another stage's error can stop this one before its first run: then it has no timing,
+			// and the error is what the caller gets.
+			if len(took) > 0 {
+				out[i] = st.done(took)
+				out[i].Together = true
+			}
 		}()
 	}
 	left.Wait()

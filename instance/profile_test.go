@@ -2,8 +2,10 @@ package instance
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +126,22 @@ func TestProfileOptionWritesEachSessionsProfile(t *testing.T) {
 	}
 	if _, err := loadTiny(t, map[string]string{"profile": ""}); err == nil || !strings.Contains(err.Error(), "profile") {
 		t.Errorf("empty profile prefix: err %v, want one naming the option", err)
+	}
+}
+
+// A stage that fails at once stops the others, some perhaps before their first run: the error
+// comes back, and a stage without runs has no timing instead of a division by zero.
+func TestTimeTogetherStageFails(t *testing.T) {
+	// On one thread the stage started last runs first, so the failing one, last here, stops the
+	// other before its first run.
+	defer goruntime.GOMAXPROCS(goruntime.GOMAXPROCS(1))
+	for i := 0; i < 20; i++ {
+		stages := []stageRun{
+			{t: StageTiming{Stage: "flow"}, audio: 1, run: func() error { time.Sleep(100 * time.Microsecond); return nil }},
+			{t: StageTiming{Stage: "lm_decode"}, run: func() error { return errors.New("boom") }},
+		}
+		if _, err := timeTogether(stages, 3); err == nil || !strings.Contains(err.Error(), "boom") {
+			t.Fatalf("err %v, want the failing stage's", err)
+		}
 	}
 }
