@@ -6,38 +6,26 @@ import (
 	"testing"
 )
 
-// On CUDA the flow's sessions ask ONNX Runtime for its memory-efficient attention unless
-// provider_options chose the attention kernels itself; on the CPU there is nothing to choose.
-func TestFlowCUDAOptions(t *testing.T) {
+// On CUDA the flow's sessions ask ONNX Runtime for its memory-efficient attention, and the
+// vocoder's for channels-last convolutions, unless provider_options chose the attention kernels
+// or the layout for every session; on the CPU there is nothing to choose.
+func TestStageCUDAOptions(t *testing.T) {
+	flow, vocoder := (*runtime).flowCUDAOptions, (*runtime).vocoderCUDAOptions
 	for _, c := range []struct {
-		name string
-		r    runtime
-		want map[string]string
+		name    string
+		r       runtime
+		options func(*runtime) map[string]string
+		want    map[string]string
 	}{
-		{"cuda", runtime{provider: "cuda"}, map[string]string{"sdpa_kernel": "2"}},
-		{"cuda, sdpa_kernel given", runtime{provider: "cuda", sdpaSet: true}, nil},
-		{"cpu", runtime{provider: "cpu"}, nil},
+		{"flow, cuda", runtime{provider: "cuda"}, flow, map[string]string{"sdpa_kernel": "2"}},
+		{"flow, cuda, sdpa_kernel given", runtime{provider: "cuda", sdpaSet: true}, flow, nil},
+		{"flow, cpu", runtime{provider: "cpu"}, flow, nil},
+		{"vocoder, cuda", runtime{provider: "cuda"}, vocoder, map[string]string{"prefer_nhwc": "1"}},
+		{"vocoder, cuda, prefer_nhwc given", runtime{provider: "cuda", nhwcSet: true}, vocoder, nil},
+		{"vocoder, cpu", runtime{provider: "cpu"}, vocoder, nil},
 	} {
-		if got := c.r.flowCUDAOptions(); !maps.Equal(got, c.want) || (got == nil) != (c.want == nil) {
-			t.Errorf("%s: flow CUDA options %v, want %v", c.name, got, c.want)
-		}
-	}
-}
-
-// On CUDA the vocoder's sessions ask for channels-last convolutions unless provider_options chose
-// the layout for every session; on the CPU there is nothing to choose.
-func TestVocoderCUDAOptions(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		r    runtime
-		want map[string]string
-	}{
-		{"cuda", runtime{provider: "cuda"}, map[string]string{"prefer_nhwc": "1"}},
-		{"cuda, prefer_nhwc given", runtime{provider: "cuda", nhwcSet: true}, nil},
-		{"cpu", runtime{provider: "cpu"}, nil},
-	} {
-		if got := c.r.vocoderCUDAOptions(); !maps.Equal(got, c.want) || (got == nil) != (c.want == nil) {
-			t.Errorf("%s: vocoder CUDA options %v, want %v", c.name, got, c.want)
+		if got := c.options(&c.r); !maps.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+			t.Errorf("%s: CUDA options %v, want %v", c.name, got, c.want)
 		}
 	}
 }
