@@ -106,13 +106,24 @@ type lmGraph struct {
 	ids, seqlens, logits *iobind.Tensor   // on the device
 	total                *iobind.Tensor   // host scalar, as the graph was captured with
 	cache                []*iobind.Tensor // views of the shared cache, or a prefill's scratch
-	// host receives a decode step's logits: one buffer for every step, because a new one of
-	// B × vocabulary floats each step (3.4 MB at 128 rows) kept Go's collector busy enough to
-	// cost a step about a tenth of its time (H100, bench stages with GOGC=off, session 14).
-	host []float32
+	// run is bound once to the tensors above, and the inputs go up from and a decode step's
+	// logits come back into page-locked host memory on the LM's own stream. Before, each step
+	// rebound about a hundred names, fetched as many outputs back, and made three copies through
+	// pageable memory, each waiting for a copy stream all sessions share.
+	run             *iobind.Bound
+	hostIDs, hostSL *iobind.Pinned
+	// hostLogits receives a decode step's logits (nil for prefills): one buffer for every step,
+	// because a new one of B × vocabulary floats each step (3.4 MB at 128 rows) kept Go's
+	// collector busy enough to cost a step about a tenth of its time (H100, bench stages with
+	// GOGC=off, session 14).
+	hostLogits *iobind.Pinned
 }
 
 func (g *lmGraph) release() {
+	g.run.Close()
+	g.hostIDs.Free()
+	g.hostSL.Free()
+	g.hostLogits.Free()
 	release([]*iobind.Tensor{g.ids, g.seqlens, g.logits, g.total})
 	release(g.cache)
 }
@@ -261,14 +272,36 @@ func (d *sharedDecoder) capture(buckets []int, prefills bool) error {
 func (d *sharedDecoder) newGraph(id, B, T, total int, cache []*iobind.Tensor) (*lmGraph, error) {
 	gr := &lmGraph{id: id, B: B, T: T, cache: cache}
 	V := int64(d.m.LM.SpeechVocab + 1)
-	var err error
-	if gr.ids, err = d.s.Alloc([]int64{int64(B), int64(T)}, iobind.Int64); err == nil {
-		if gr.seqlens, err = d.s.Alloc([]int64{int64(B)}, iobind.Int32); err == nil {
-			if gr.logits, err = d.s.AllocEmpty([]int64{int64(B), int64(T), V}, iobind.Float32); err == nil {
-				gr.total, err = iobind.Host([]int64{}, []int32{int32(total)})
+	place := d.s.Placement()
+	err := func() (err error) {
+		if gr.ids, err = d.s.Alloc([]int64{int64(B), int64(T)}, iobind.Int64); err != nil {
+			return err
+		}
+		if gr.seqlens, err = d.s.Alloc([]int64{int64(B)}, iobind.Int32); err != nil {
+			return err
+		}
+		if gr.logits, err = d.s.AllocEmpty([]int64{int64(B), int64(T), V}, iobind.Float32); err != nil {
+			return err
+		}
+		if gr.total, err = iobind.Host([]int64{}, []int32{int32(total)}); err != nil {
+			return err
+		}
+		if gr.hostIDs, err = iobind.NewPinned(place, gr.ids.Bytes()); err != nil {
+			return err
+		}
+		if gr.hostSL, err = iobind.NewPinned(place, gr.seqlens.Bytes()); err != nil {
+			return err
+		}
+		if T == 1 {
+			if gr.hostLogits, err = iobind.NewPinned(place, gr.logits.Bytes()); err != nil {
+				return err
 			}
 		}
-	}
+		in := map[string]*iobind.Tensor{d.ids: gr.ids, d.seqlens: gr.seqlens, d.total: gr.total}
+		outs := d.bind(in, []iobind.Output{{Name: d.logits, Into: gr.logits}}, gr.cache)
+		gr.run, err = d.s.Bind(in, outs, gr.id)
+		return err
+	}()
 	if err != nil {
 		gr.release()
 		return nil, err
@@ -302,32 +335,29 @@ func (d *sharedDecoder) bind(in map[string]*iobind.Tensor, outs []iobind.Output,
 
 // replay runs graph gr over the inputs already in its tensors, into its logits and cache.
 func (d *sharedDecoder) replay(gr *lmGraph) error {
-	in := map[string]*iobind.Tensor{d.ids: gr.ids, d.seqlens: gr.seqlens, d.total: gr.total}
-	outs := d.bind(in, []iobind.Output{{Name: d.logits, Into: gr.logits}}, gr.cache)
-	return d.g.thread.do(func() error {
-		res, err := d.s.RunGraph(in, outs, gr.id)
-		release(res)
-		return err
-	})
+	return d.g.thread.do(gr.run.Run)
 }
 
-// runGraph uploads ids and seqlens (gr.B rows of gr.T, padded here) into gr's tensors and replays it.
+// runGraph sends ids and seqlens (gr.B rows of gr.T, padded here) into gr's tensors and replays it.
 func (d *sharedDecoder) runGraph(gr *lmGraph, ids []int64, seqlens []int32) error {
-	ids = append(ids, make([]int64, gr.B*gr.T-len(ids))...)
-	seqlens = append(seqlens, make([]int32, gr.B-len(seqlens))...)
-	if err := iobind.Upload(gr.ids, ids); err != nil {
+	hi, hs := gr.hostIDs.Int64s(), gr.hostSL.Int32s()
+	clear(hi[copy(hi, ids):])
+	clear(hs[copy(hs, seqlens):])
+	if err := d.s.Send(gr.ids, gr.hostIDs); err != nil {
 		return fmt.Errorf("lm: %w", err)
 	}
-	if err := iobind.Upload(gr.seqlens, seqlens); err != nil {
+	if err := d.s.Send(gr.seqlens, gr.hostSL); err != nil {
 		return fmt.Errorf("lm: %w", err)
 	}
+	// On the LM's stream after the copies, which the replay waits for with its kernels.
 	if err := d.replay(gr); err != nil {
 		return fmt.Errorf("lm: %w", err)
 	}
 	return nil
 }
 
-// stepGraph is step's run as the graph of the smallest bucket of at least n rows.
+// stepGraph is step's run as the graph of the smallest bucket of at least n rows. The logits it
+// returns are gr's host buffer, which the next step overwrites.
 func (d *sharedDecoder) stepGraph(n int, ids []int64, seqlens []int32) ([]float32, error) {
 	steps := d.g.steps
 	i := 0
@@ -341,14 +371,13 @@ func (d *sharedDecoder) stepGraph(n int, ids []int64, seqlens []int32) ([]float3
 	if err := d.runGraph(gr, ids, seqlens); err != nil {
 		return nil, err
 	}
-	V := d.m.LM.SpeechVocab + 1
-	if gr.host == nil {
-		gr.host = make([]float32, gr.B*V)
-	}
-	if err := iobind.Download(gr.host, gr.logits); err != nil {
+	if err := d.s.Receive(gr.hostLogits, gr.logits); err != nil {
 		return nil, fmt.Errorf("lm: %w", err)
 	}
-	return gr.host[:n*V], nil
+	if err := d.s.Wait(); err != nil {
+		return nil, fmt.Errorf("lm: %w", err)
+	}
+	return gr.hostLogits.Float32s()[:n*(d.m.LM.SpeechVocab+1)], nil
 }
 
 func (d *sharedDecoder) limit() int { return d.maxPos }

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"fmt"
 	"math"
 	"os"
 	"slices"
@@ -105,7 +106,7 @@ func TestLMGraphsOnGPU(t *testing.T) {
 
 // gpuManifest loads the export VOXMUX_GPU_MANIFEST names and readies iobind; without it the test
 // is skipped.
-func gpuManifest(t *testing.T) *Manifest {
+func gpuManifest(t testing.TB) *Manifest {
 	t.Helper()
 	path := os.Getenv("VOXMUX_GPU_MANIFEST")
 	if path == "" {
@@ -119,4 +120,92 @@ func gpuManifest(t *testing.T) *Manifest {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// BenchmarkLMStepOnGPU times the LM's decode step as a CUDA graph, whole and in parts, at 64 and
+// 128 rows with caches of about 115 positions (VOXMUX_GPU_MANIFEST and ORT_LIB as for
+// TestLMGraphsOnGPU): the step as the engine runs it, the graph's replay alone, the upload of its
+// inputs and the download of its logits. Run with -test.benchtime=100x: every step moves the rows
+// one position on.
+func BenchmarkLMStepOnGPU(b *testing.B) {
+	m := gpuManifest(b)
+	rt, err := newRuntime(LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(b)}, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rt.close()
+	for _, rows := range []int{64, 128} {
+		d, err := newSharedDecoder(m, rt.lmPlacement(true), rows, false)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var live []*lmRow
+		for len(live) < rows {
+			prompts := make([][]int64, min(d.prefillRows(), rows-len(live)))
+			for i := range prompts {
+				prompts[i] = m.Tokenize("A sentence of about twenty tokens, to start the rows.")
+			}
+			rs, _, err := d.join(prompts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			live = append(live, rs...)
+		}
+		toks := make([]int64, rows)
+		for i := range toks {
+			toks[i] = m.LM.SpeechTokenOffset + int64(i%m.LM.SpeechVocab)
+		}
+		for live[0].pos < 115 {
+			if _, err := d.step(live, toks); err != nil {
+				b.Fatal(err)
+			}
+		}
+		gr := d.g.steps[0]
+		for _, s := range d.g.steps {
+			if gr = s; s.B >= rows {
+				break
+			}
+		}
+		phases := lmStepPhases(d, gr, live, toks)
+		for _, name := range []string{"step", "replay", "upload", "download"} {
+			b.Run(fmt.Sprintf("rows=%d/%s", rows, name), func(b *testing.B) {
+				for range b.N {
+					if err := phases[name](); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		d.close()
+	}
+}
+
+// lmStepPhases are the parts of a decode step in graph gr that BenchmarkLMStepOnGPU times.
+func lmStepPhases(d *sharedDecoder, gr *lmGraph, live []*lmRow, toks []int64) map[string]func() error {
+	ids := make([]int64, gr.B)
+	seqlens := make([]int32, gr.B)
+	return map[string]func() error{
+		"step": func() error {
+			_, err := d.step(live, toks)
+			return err
+		},
+		"replay": func() error { return d.replay(gr) },
+		"upload": func() error {
+			copy(gr.hostIDs.Int64s(), ids)
+			copy(gr.hostSL.Int32s(), seqlens)
+			if err := d.s.Send(gr.ids, gr.hostIDs); err != nil {
+				return err
+			}
+			if err := d.s.Send(gr.seqlens, gr.hostSL); err != nil {
+				return err
+			}
+			return d.s.Wait()
+		},
+		"download": func() error {
+			if err := d.s.Receive(gr.hostLogits, gr.logits); err != nil {
+				return err
+			}
+			return d.s.Wait()
+		},
+	}
 }

@@ -22,6 +22,9 @@ typedef const char* (*cudaGetErrorString_t)(int);
 typedef int (*cudaDeviceGetStreamPriorityRange_t)(int*, int*);
 typedef int (*cudaStreamCreateWithPriority_t)(void**, unsigned int, int);
 typedef int (*cudaStreamDestroy_t)(void*);
+typedef int (*cudaHostAlloc_t)(void**, size_t, unsigned int);
+typedef int (*cudaFreeHost_t)(void*);
+typedef int (*cudaMemcpyAsync_t)(void*, const void*, size_t, int, void*);
 static cudaSetDevice_t cu_set_device;
 static cudaMemcpy2DAsync_t cu_memcpy2d;
 static cudaMemsetAsync_t cu_memset;
@@ -32,6 +35,9 @@ static cudaGetErrorString_t cu_err;
 static cudaDeviceGetStreamPriorityRange_t cu_priority_range;
 static cudaStreamCreateWithPriority_t cu_stream_create_priority;
 static cudaStreamDestroy_t cu_stream_destroy;
+static cudaHostAlloc_t cu_host_alloc;
+static cudaFreeHost_t cu_free_host;
+static cudaMemcpyAsync_t cu_memcpy;
 #define VX_MAX_DEVICES 64
 static void* streams[VX_MAX_DEVICES];
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -94,8 +100,11 @@ static char* load_cudart(void) {
 	cu_priority_range = (cudaDeviceGetStreamPriorityRange_t)dlsym(h, "cudaDeviceGetStreamPriorityRange");
 	cu_stream_create_priority = (cudaStreamCreateWithPriority_t)dlsym(h, "cudaStreamCreateWithPriority");
 	cu_stream_destroy = (cudaStreamDestroy_t)dlsym(h, "cudaStreamDestroy");
+	cu_host_alloc = (cudaHostAlloc_t)dlsym(h, "cudaHostAlloc");
+	cu_free_host = (cudaFreeHost_t)dlsym(h, "cudaFreeHost");
+	cu_memcpy = (cudaMemcpyAsync_t)dlsym(h, "cudaMemcpyAsync");
 	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err ||
-	    !cu_priority_range || !cu_stream_create_priority || !cu_stream_destroy)
+	    !cu_priority_range || !cu_stream_create_priority || !cu_stream_destroy || !cu_host_alloc || !cu_free_host || !cu_memcpy)
 		return msg("libcudart", "missing symbols");
 	return NULL;
 }
@@ -300,4 +309,56 @@ char* vx_stream(int device, int high_priority, void** stream) {
 	if (e) return e;
 	if (high_priority) return priority_stream(stream);
 	return cuda_check(cu_stream_create(stream, 1 /* cudaStreamNonBlocking */), "cudaStreamCreateWithFlags");
+}
+
+// Page-locked host memory, which the GPU's copy engines read and write directly: a copy from
+// pageable memory goes through a driver buffer and holds the calling thread until it is done.
+char* vx_pinned(size_t bytes, void** out) {
+	char* e = load_cudart();
+	if (e) return e;
+	int mode = 2; // relaxed: another thread may be capturing a CUDA graph
+	if ((e = cuda_check(cu_capture_mode(&mode), "cudaThreadExchangeStreamCaptureMode"))) return e;
+	e = cuda_check(cu_host_alloc(out, bytes ? bytes : 1, 1 /* cudaHostAllocPortable */), "cudaHostAlloc");
+	cu_capture_mode(&mode);
+	return e;
+}
+
+void vx_pinned_free(void* p) {
+	if (!p) return;
+	int mode = 2;
+	cu_capture_mode(&mode);
+	cu_free_host(p);
+	cu_capture_mode(&mode);
+}
+
+char* vx_copy_on(void* stream, void* dst, const void* src, size_t bytes) {
+	if (bytes == 0) return NULL;
+	int mode = 2;
+	char* e = cuda_check(cu_capture_mode(&mode), "cudaThreadExchangeStreamCaptureMode");
+	if (e) return e;
+	e = cuda_check(cu_memcpy(dst, src, bytes, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpyAsync");
+	cu_capture_mode(&mode);
+	return e;
+}
+
+char* vx_wait(void* stream) {
+	return cuda_check(cu_stream_sync(stream), "cudaStreamSynchronize");
+}
+
+char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro) {
+	char* e = status(api->CreateIoBinding(s, out_binding), "CreateIoBinding");
+	if (!e && graph_id) {
+		e = status(api->CreateRunOptions(out_ro), "CreateRunOptions");
+		if (!e) e = status(api->AddRunConfigEntry(*out_ro, "gpu_graph_id", graph_id), "run option gpu_graph_id");
+	}
+	return e;
+}
+
+void vx_binding_free(OrtIoBinding* b, OrtRunOptions* ro) {
+	if (b) api->ReleaseIoBinding(b);
+	if (ro) api->ReleaseRunOptions(ro);
+}
+
+char* vx_run_bound(OrtSession* s, OrtIoBinding* b, OrtRunOptions* ro) {
+	return status(api->RunWithBinding(s, ro, b), "run");
 }

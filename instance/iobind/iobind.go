@@ -160,6 +160,9 @@ func Open(model string, p Placement) (*Session, error) {
 	return s, nil
 }
 
+// Placement is where the session computes.
+func (s *Session) Placement() Placement { return s.place }
+
 // Close releases the session.
 func (s *Session) Close() {
 	C.vx_session_free(s.s, s.mem, s.alloc, s.b)

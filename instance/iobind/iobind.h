@@ -37,4 +37,17 @@ char* vx_zero(int cuda, int device, void* dst, size_t bytes);
 // Makes a non-blocking stream on device, of its highest priority when high_priority is set.
 char* vx_stream(int device, int high_priority, void** stream);
 void vx_stream_free(void* stream);
+// Page-locked host memory of bytes (cudaHostAlloc), freed with vx_pinned_free.
+char* vx_pinned(size_t bytes, void** out);
+void vx_pinned_free(void* p);
+// Queues a copy of bytes on stream (host and device memory either way) without waiting for it;
+// vx_wait waits for everything queued on the stream.
+char* vx_copy_on(void* stream, void* dst, const void* src, size_t bytes);
+char* vx_wait(void* stream);
+// A binding of its own for runs that bind the same values every time (a CUDA graph's replays),
+// with run options naming graph_id when it is not NULL; vx_run_bound runs it and does not wait for
+// the session's stream.
+char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro);
+void vx_binding_free(OrtIoBinding* b, OrtRunOptions* ro);
+char* vx_run_bound(OrtSession* s, OrtIoBinding* b, OrtRunOptions* ro);
 #endif
