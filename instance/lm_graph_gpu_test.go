@@ -17,11 +17,7 @@ import (
 // Tokens are fixed, not sampled, so every decoder sees the same sequences.
 func TestLMGraphsOnGPU(t *testing.T) {
 	m := gpuManifest(t)
-	rt, err := newRuntime(LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.close()
+	rt := cudaRuntime(t)
 	place, graphs := rt.lmPlacement(false), rt.lmPlacement(true)
 	run := func(name string, place iobind.Placement, rows int) [][]float32 {
 		d, err := newLMDecoder(m, place, rows, rows > 0)
@@ -104,6 +100,17 @@ func TestLMGraphsOnGPU(t *testing.T) {
 	compare("fixed shapes against any shape", fixed, plain)
 }
 
+// cudaRuntime is the CUDA provider's runtime for a GPU test, closed when the test ends.
+func cudaRuntime(t testing.TB) *runtime {
+	t.Helper()
+	rt, err := newRuntime(LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.close)
+	return rt
+}
+
 // gpuManifest loads the export VOXMUX_GPU_MANIFEST names and readies iobind; without it the test
 // is skipped.
 func gpuManifest(t testing.TB) *Manifest {
@@ -129,11 +136,7 @@ func gpuManifest(t testing.TB) *Manifest {
 // one position on.
 func BenchmarkLMStepOnGPU(b *testing.B) {
 	m := gpuManifest(b)
-	rt, err := newRuntime(LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(b)}, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer rt.close()
+	rt := cudaRuntime(b)
 	for _, rows := range []int{64, 128} {
 		d, err := newSharedDecoder(m, rt.lmPlacement(true), rows, false)
 		if err != nil {

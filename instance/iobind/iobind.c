@@ -347,10 +347,8 @@ char* vx_wait(void* stream) {
 
 char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro) {
 	char* e = status(api->CreateIoBinding(s, out_binding), "CreateIoBinding");
-	if (!e && graph_id) {
-		e = status(api->CreateRunOptions(out_ro), "CreateRunOptions");
-		if (!e) e = status(api->AddRunConfigEntry(*out_ro, "gpu_graph_id", graph_id), "run option gpu_graph_id");
-	}
+	if (!e) e = status(api->CreateRunOptions(out_ro), "CreateRunOptions");
+	if (!e) e = status(api->AddRunConfigEntry(*out_ro, "gpu_graph_id", graph_id), "run option gpu_graph_id");
 	return e;
 }
 

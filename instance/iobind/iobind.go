@@ -314,29 +314,8 @@ func (s *Session) RunGraph(inputs map[string]*Tensor, outputs []Output, id int) 
 
 func (s *Session) run(inputs map[string]*Tensor, outputs []Output, graph *C.char) ([]*Tensor, error) {
 	defer C.vx_clear(s.b)
-	for name, t := range inputs {
-		cn := C.CString(name)
-		err := cerr(C.vx_bind_input(s.b, cn, t.v))
-		C.free(unsafe.Pointer(cn))
-		if err != nil {
-			return nil, fmt.Errorf("bind input %w", err)
-		}
-	}
-	for _, o := range outputs {
-		cn := C.CString(o.Name)
-		var err error
-		switch {
-		case o.Into != nil:
-			err = cerr(C.vx_bind_output_value(s.b, cn, o.Into.v))
-		case o.Host:
-			err = cerr(C.vx_bind_output_host(s.b, cn))
-		default:
-			err = cerr(C.vx_bind_output_to(s.b, cn, s.mem))
-		}
-		C.free(unsafe.Pointer(cn))
-		if err != nil {
-			return nil, fmt.Errorf("bind output %w", err)
-		}
+	if err := s.bindAll(s.b, inputs, outputs); err != nil {
+		return nil, err
 	}
 	var vals **C.OrtValue
 	var n C.size_t
@@ -374,6 +353,36 @@ func (s *Session) run(inputs map[string]*Tensor, outputs []Output, graph *C.char
 		return nil, fmt.Errorf("run returned %d outputs, want %d", len(out), len(outputs))
 	}
 	return out, nil
+}
+
+// bindAll binds inputs (by name) and outputs to b: each output into its Into tensor, to host
+// memory, or to the session's memory.
+func (s *Session) bindAll(b *C.OrtIoBinding, inputs map[string]*Tensor, outputs []Output) error {
+	for name, t := range inputs {
+		cn := C.CString(name)
+		err := cerr(C.vx_bind_input(b, cn, t.v))
+		C.free(unsafe.Pointer(cn))
+		if err != nil {
+			return fmt.Errorf("bind input %w", err)
+		}
+	}
+	for _, o := range outputs {
+		cn := C.CString(o.Name)
+		var err error
+		switch {
+		case o.Into != nil:
+			err = cerr(C.vx_bind_output_value(b, cn, o.Into.v))
+		case o.Host:
+			err = cerr(C.vx_bind_output_host(b, cn))
+		default:
+			err = cerr(C.vx_bind_output_to(b, cn, s.mem))
+		}
+		C.free(unsafe.Pointer(cn))
+		if err != nil {
+			return fmt.Errorf("bind output %w", err)
+		}
+	}
+	return nil
 }
 
 // Copy2D copies height rows of width bytes from src (starting at byte srcOff, rows srcPitch

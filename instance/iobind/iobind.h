@@ -45,8 +45,8 @@ void vx_pinned_free(void* p);
 char* vx_copy_on(void* stream, void* dst, const void* src, size_t bytes);
 char* vx_wait(void* stream);
 // A binding of its own for runs that bind the same values every time (a CUDA graph's replays),
-// with run options naming graph_id when it is not NULL; vx_run_bound runs it and does not wait for
-// the session's stream.
+// with run options naming graph_id (as vx_run's); vx_run_bound runs it and does not wait for the
+// session's stream.
 char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro);
 void vx_binding_free(OrtIoBinding* b, OrtRunOptions* ro);
 char* vx_run_bound(OrtSession* s, OrtIoBinding* b, OrtRunOptions* ro);

@@ -102,37 +102,21 @@ type Bound struct {
 // Bind binds inputs (by name) and outputs, each of which must be written into a tensor of its
 // own (Output.Into), for runs as CUDA graph id (NoGraph for none; see RunGraph).
 func (s *Session) Bind(inputs map[string]*Tensor, outputs []Output, id int) (*Bound, error) {
-	var g *C.char
-	if id != NoGraph {
-		g = C.CString(fmt.Sprint(id))
-		defer C.free(unsafe.Pointer(g))
-	}
-	b := &Bound{s: s}
-	if err := cerr(C.vx_binding(s.s, g, &b.b, &b.ro)); err != nil {
-		b.Close()
-		return nil, err
-	}
-	for name, t := range inputs {
-		cn := C.CString(name)
-		err := cerr(C.vx_bind_input(b.b, cn, t.v))
-		C.free(unsafe.Pointer(cn))
-		if err != nil {
-			b.Close()
-			return nil, fmt.Errorf("bind input %w", err)
-		}
-	}
 	for _, o := range outputs {
 		if o.Into == nil {
-			b.Close()
 			return nil, fmt.Errorf("bound output %s has no tensor to be written into", o.Name)
 		}
-		cn := C.CString(o.Name)
-		err := cerr(C.vx_bind_output_value(b.b, cn, o.Into.v))
-		C.free(unsafe.Pointer(cn))
-		if err != nil {
-			b.Close()
-			return nil, fmt.Errorf("bind output %w", err)
-		}
+	}
+	g := C.CString(fmt.Sprint(id))
+	defer C.free(unsafe.Pointer(g))
+	b := &Bound{s: s}
+	err := cerr(C.vx_binding(s.s, g, &b.b, &b.ro))
+	if err == nil {
+		err = s.bindAll(b.b, inputs, outputs)
+	}
+	if err != nil {
+		b.Close()
+		return nil, err
 	}
 	return b, nil
 }
