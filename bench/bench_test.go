@@ -328,12 +328,8 @@ func TestGPUFromServerMetrics(t *testing.T) {
 		gpus[0].MeanUtilPct != 50 || gpus[1].MeanUtilPct != 25 || gpus[0].Samples < 2 {
 		t.Errorf("gpus %+v", gpus)
 	}
-	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(md.String(), "0: 1.40 GiB, 1: 2.33 GiB") || !strings.Contains(md.String(), "0: 50%, 1: 25%") {
-		t.Errorf("markdown GPU columns wrong:\n%s", md.String())
+	if md := markdown(t, rep); !strings.Contains(md, "0: 1.40 GiB, 1: 2.33 GiB") || !strings.Contains(md, "0: 50%, 1: 25%") {
+		t.Errorf("markdown GPU columns wrong:\n%s", md)
 	}
 }
 
@@ -428,12 +424,8 @@ func TestCompareStatesRatios(t *testing.T) {
 			t.Errorf("%s ratio %v, want %v / %v", name, pair[0], pair[1], pair[2])
 		}
 	}
-	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(md.String(), "## voxmux ÷ baseline") || !strings.Contains(md.String(), "## baseline (") {
-		t.Errorf("markdown lacks the comparison:\n%s", md.String())
+	if md := markdown(t, rep); !strings.Contains(md, "## voxmux ÷ baseline") || !strings.Contains(md, "## baseline (") {
+		t.Errorf("markdown lacks the comparison:\n%s", md)
 	}
 	var png bytes.Buffer
 	if err := rep.WritePNG(&png); err != nil {
@@ -512,4 +504,14 @@ func TestQuantile(t *testing.T) {
 	if q := quantile(0.95, nil); q.Known() {
 		t.Errorf("quantile of nothing = %v", q)
 	}
+}
+
+// markdown is rep's markdown report.
+func markdown(t *testing.T, rep *Report) string {
+	t.Helper()
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	return md.String()
 }

@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -127,12 +126,8 @@ func TestStagesFromServerMetrics(t *testing.T) {
 			t.Errorf("level %d: stages %+v", l.Concurrency, l.Stages)
 		}
 	}
-	var md bytes.Buffer
-	if err := rep.WriteMarkdown(&md); err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(md.String(), "| concurrency | lm_decode | flow |") || !strings.Contains(md.String(), "| 1 | 40.0 × 5.0 ms, ") {
-		t.Errorf("markdown lacks the stage table:\n%s", md.String())
+	if md := markdown(t, rep); !strings.Contains(md, "| concurrency | lm_decode | flow |") || !strings.Contains(md, "| 1 | 40.0 × 5.0 ms, ") {
+		t.Errorf("markdown lacks the stage table:\n%s", md)
 	}
 }
 
