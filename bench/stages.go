@@ -19,6 +19,7 @@ const (
 	MetricStageBatches = "voxmux_stage_batches_total"
 	MetricStageItems   = "voxmux_stage_batch_items_total"
 	MetricStageBusy    = "voxmux_stage_busy_seconds_total"
+	MetricStageWait    = "voxmux_stage_wait_seconds_total"
 )
 
 // StageStat is one pipeline stage over one level: the server's stage counters, summed over its
@@ -36,13 +37,16 @@ type StageStat struct {
 	// BusyPct is the share of the window one instance's stage was running, in percent; a stage
 	// that runs several batches at once (the flow's workers) can pass 100.
 	BusyPct Value `json:"busy_pct"`
+	// MeanWaiting is how many items waited for one instance's stage on average (its summed
+	// wait over the window); null when the server has no wait counter.
+	MeanWaiting Value `json:"mean_waiting"`
 }
 
 // stageCounters is one stage's counters summed over instances.
 type stageCounters struct {
-	batches, items, busy float64
-	instances            int
-	hasBusy              bool
+	batches, items, busy, wait float64
+	instances                  int
+	hasBusy, hasWait           bool
 }
 
 // stageReading is a server's stage counters at one time.
@@ -77,6 +81,7 @@ func stageReadingFrom(families map[string]*dto.MetricFamily, at time.Time) (r st
 	add(MetricStageBatches, func(c *stageCounters, v float64) { c.batches += v; c.instances++ })
 	add(MetricStageItems, func(c *stageCounters, v float64) { c.items += v })
 	add(MetricStageBusy, func(c *stageCounters, v float64) { c.busy += v; c.hasBusy = true })
+	add(MetricStageWait, func(c *stageCounters, v float64) { c.wait += v; c.hasWait = true })
 	return r, len(r.stages) > 0
 }
 
@@ -115,12 +120,13 @@ func stageStats(a, b stageReading) []StageStat {
 		if ca == nil || ca.instances != cb.instances || window <= 0 {
 			continue
 		}
-		runs, items, busy := cb.batches-ca.batches, cb.items-ca.items, cb.busy-ca.busy
-		if runs < 0 || items < 0 || busy < 0 {
+		runs, items, busy, wait := cb.batches-ca.batches, cb.items-ca.items, cb.busy-ca.busy, cb.wait-ca.wait
+		if runs < 0 || items < 0 || busy < 0 || wait < 0 {
 			continue
 		}
 		s := StageStat{Stage: name, Instances: cb.instances, Runs: uint64(runs), WindowSeconds: window,
-			RunsPerSecond: Value(runs / window), MeanBatch: Value(math.NaN()), MeanRunMs: Value(math.NaN()), BusyPct: Value(math.NaN())}
+			RunsPerSecond: Value(runs / window), MeanBatch: Value(math.NaN()), MeanRunMs: Value(math.NaN()), BusyPct: Value(math.NaN()),
+			MeanWaiting: Value(math.NaN())}
 		if runs > 0 {
 			s.MeanBatch = Value(items / runs)
 		}
@@ -129,6 +135,9 @@ func stageStats(a, b stageReading) []StageStat {
 			if runs > 0 {
 				s.MeanRunMs = Value(1000 * busy / runs)
 			}
+		}
+		if cb.hasWait && ca.hasWait {
+			s.MeanWaiting = Value(wait / window / float64(cb.instances))
 		}
 		out = append(out, s)
 	}
@@ -215,7 +224,8 @@ func stageTable(t TargetResult) string {
 	b.WriteString("Where the time went, from the server's stage counters (`" + MetricStageBatches + "` and the like, summed over its instances; " +
 		"the router refreshes them every 2 s, so a level's window is its own give or take 2 s). " +
 		"Each cell: mean batch × mean run time, and the share of the window one instance's stage was running " +
-		"(a stage that runs several batches at once, such as the flow's workers, can pass 100%).\n\n")
+		"(a stage that runs several batches at once, such as the flow's workers, can pass 100%); " +
+		"then, where the server counts it, how many items waited for one instance's stage on average.\n\n")
 	b.WriteString("| concurrency | " + strings.Join(names, " | ") + " |\n")
 	b.WriteString("|---:|" + strings.Repeat("---|", len(names)) + "\n")
 	for _, l := range t.Levels {
@@ -228,6 +238,9 @@ func stageTable(t TargetResult) string {
 			for _, s := range l.Stages {
 				if s.Stage == n {
 					cells[i] = fmt.Sprintf("%s × %s ms, %s%%", num(s.MeanBatch, 1), num(s.MeanRunMs, 1), num(s.BusyPct, 0))
+					if !math.IsNaN(float64(s.MeanWaiting)) {
+						cells[i] += fmt.Sprintf(", %s waiting", num(s.MeanWaiting, 1))
+					}
 				}
 			}
 		}

@@ -26,6 +26,7 @@ func stageMetricsText(readings int, withBusy bool) string {
 		if withBusy {
 			fmt.Fprintf(&b, "voxmux_stage_busy_seconds_total{group=%q,instance=%q,stage=\"lm_decode\"} %g\n", inst[:2], inst, 0.5*n)
 			fmt.Fprintf(&b, "voxmux_stage_busy_seconds_total{group=%q,instance=%q,stage=\"flow\"} %g\n", inst[:2], inst, 1.5*n)
+			fmt.Fprintf(&b, "voxmux_stage_wait_seconds_total{group=%q,instance=%q,stage=\"flow\"} %g\n", inst[:2], inst, 12*n)
 		}
 	}
 	return b.String()
@@ -60,6 +61,14 @@ func TestStageStats(t *testing.T) {
 	// The flow's two workers kept each instance's flow busy 150% of the time.
 	if f := got[1]; f.MeanBatch != 8 || f.MeanRunMs != 150 || f.BusyPct != 150 {
 		t.Errorf("flow %+v", f)
+	}
+	// Each instance's flow items waited 24 s in all over the 2 s: 12 waiting at any time. The
+	// decode steps have no wait counter.
+	if w := got[1].MeanWaiting; w != 12 {
+		t.Errorf("flow mean waiting %v, want 12", w)
+	}
+	if w := got[0].MeanWaiting; !math.IsNaN(float64(w)) {
+		t.Errorf("lm_decode mean waiting %v, want none", w)
 	}
 	// A server without the busy counter: batches but no times.
 	a, _ = readingOf(t, stageMetricsText(1, false), t0)
@@ -126,7 +135,8 @@ func TestStagesFromServerMetrics(t *testing.T) {
 			t.Errorf("level %d: stages %+v", l.Concurrency, l.Stages)
 		}
 	}
-	if md := markdown(t, rep); !strings.Contains(md, "| concurrency | lm_decode | flow |") || !strings.Contains(md, "| 1 | 40.0 × 5.0 ms, ") {
+	if md := markdown(t, rep); !strings.Contains(md, "| concurrency | lm_decode | flow |") || !strings.Contains(md, "| 1 | 40.0 × 5.0 ms, ") ||
+		!strings.Contains(md, " waiting |") {
 		t.Errorf("markdown lacks the stage table:\n%s", md)
 	}
 }

@@ -53,6 +53,7 @@ var stageNames = [numStages]string{"lm_prefill", "lm_decode", "flow", "vocoder"}
 type stageCounter struct {
 	batches, items atomic.Uint64
 	busy           atomic.Int64 // nanoseconds
+	wait           atomic.Int64 // nanoseconds, summed over the items that waited
 }
 
 // count records one run of stage that carried items and began at since.
@@ -67,12 +68,21 @@ func (e *Engine) countFor(stage, items int, d time.Duration) {
 	e.stats[stage].busy.Add(int64(d))
 }
 
+// waited records that items waiting since each of queued were taken into a run of stage now.
+func (e *Engine) waited(stage int, now time.Time, queued ...time.Time) {
+	var d time.Duration
+	for _, q := range queued {
+		d += now.Sub(q)
+	}
+	e.stats[stage].wait.Add(int64(d))
+}
+
 // Stats counts each stage's batches and the items they carried since the engine started.
 func (e *Engine) Stats() []StageStats {
 	out := make([]StageStats, numStages)
 	for i := range out {
 		out[i] = StageStats{Stage: stageNames[i], Batches: e.stats[i].batches.Load(), Items: e.stats[i].items.Load(),
-			Busy: time.Duration(e.stats[i].busy.Load())}
+			Busy: time.Duration(e.stats[i].busy.Load()), Wait: time.Duration(e.stats[i].wait.Load())}
 	}
 	return out
 }
@@ -271,6 +281,7 @@ func (e *Engine) firstAudioOut(s *stream) {
 
 type flowItem struct {
 	s          *stream
+	queued     time.Time
 	tokens     []int64 // context + chunk
 	ctxTokens  int
 	firstToken int // index of tokens[0] in the stream
@@ -280,6 +291,7 @@ type flowItem struct {
 
 type vocItem struct {
 	s         *stream
+	queued    time.Time
 	mel       []float32 // channel-major, context + chunk frames
 	ctxFrames int
 	first     bool
@@ -362,10 +374,12 @@ func (e *Engine) lmLoop() {
 		// the running streams back by more than one round of prefills.
 		for _, group := range prefillGroups(fresh, dec.prefillRows()) {
 			prompts := make([][]int64, len(group))
+			arrived := make([]time.Time, len(group))
 			for i, s := range group {
-				prompts[i] = s.prompt
+				prompts[i], arrived[i] = s.prompt, s.marks[markArrived]
 			}
 			t0 := time.Now()
+			e.waited(stageLMPrefill, t0, arrived...)
 			rows, logits, err := dec.join(prompts)
 			e.count(stageLMPrefill, len(prompts), t0)
 			for i, s := range group {
@@ -447,6 +461,7 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
 	e.flowQ.push(&flowItem{
 		s:          s,
+		queued:     time.Now(),
 		tokens:     append([]int64(nil), s.tokens[start:end]...),
 		ctxTokens:  s.flowed - start,
 		firstToken: start,
@@ -602,6 +617,10 @@ func (e *Engine) flowLoop() {
 				break
 			}
 			waiting = rest
+			now := time.Now()
+			for _, it := range take {
+				e.waited(stageFlow, now, it.queued)
+			}
 			r := &flowRun{items: take, worker: w}
 			lanes.add(r)
 			go e.runFlow(r, finished)
@@ -661,7 +680,7 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 		if it.first {
 			it.s.marks[markMel] = time.Now()
 		}
-		e.vocQ.push(&vocItem{s: it.s, mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
+		e.vocQ.push(&vocItem{s: it.s, queued: time.Now(), mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
 	}
 }
 
@@ -682,10 +701,11 @@ func (e *Engine) vocoderLoop() {
 			continue
 		}
 		mels := make([][]float32, len(items))
+		t0 := time.Now()
 		for i, it := range items {
 			mels[i] = it.mel
+			e.waited(stageVocoder, t0, it.queued)
 		}
-		t0 := time.Now()
 		audio, err := e.p.voc.run(mels)
 		e.count(stageVocoder, len(mels), t0)
 		for i, it := range items {

@@ -363,6 +363,16 @@ func TestEngineStats(t *testing.T) {
 	if got["flow"].Items != uint64(chunks) || got["vocoder"].Items != uint64(chunks) {
 		t.Errorf("flow %d and vocoder %d items, want one per chunk (%d)", got["flow"].Items, got["vocoder"].Items, chunks)
 	}
+	// Every prompt, chunk and mel waits a moment at least between its queue and its run; the
+	// decode steps have no queue.
+	for _, st := range []string{"lm_prefill", "flow", "vocoder"} {
+		if got[st].Wait <= 0 {
+			t.Errorf("%s: waited %v in all, want more than nothing", st, got[st].Wait)
+		}
+	}
+	if w := got["lm_decode"].Wait; w != 0 {
+		t.Errorf("lm_decode: waited %v, want 0", w)
+	}
 	t.Logf("%+v", e.Stats())
 }
 

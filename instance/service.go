@@ -81,9 +81,14 @@ func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
 				continue
 			}
 			busy := d.Busy - p.Busy
-			attrs = append(attrs, d.Stage, fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
+			line := fmt.Sprintf("runs=%d mean_batch=%.1f busy=%.0f%% mean_run_ms=%.1f",
 				runs, float64(d.Items-p.Items)/float64(runs), 100*busy.Seconds()/interval.Seconds(),
-				float64(busy.Milliseconds())/float64(runs)))
+				float64(busy.Milliseconds())/float64(runs))
+			if d.Wait > 0 {
+				// Little's law: the items' summed wait over the window's length is the mean queue.
+				line += fmt.Sprintf(" mean_waiting=%.1f", (d.Wait-p.Wait).Seconds()/interval.Seconds())
+			}
+			attrs = append(attrs, d.Stage, line)
 		}
 		if f, ok := r.(firstAudioer); ok {
 			if fa := f.FirstAudio(); len(fa) > 0 {

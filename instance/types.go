@@ -67,6 +67,10 @@ type StageStats struct {
 	Batches uint64 // runs of the stage's graph
 	Items   uint64 // requests (sequences, chunks) those runs carried
 	Busy    time.Duration
+	// Wait sums the time each item waited for the stage before a run took it (a prefill's
+	// prompts from their arrival; 0 for the decode steps, which every running sequence joins).
+	// Over an interval, its growth divided by the interval's length is the mean queue.
+	Wait time.Duration
 }
 
 // ErrorKind tells the router what to do with a failed request.

@@ -75,7 +75,7 @@ func (c *grpcClient) Health(ctx context.Context) (instance.Health, error) {
 	}
 	h := instance.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight)}
 	for _, st := range r.Stages {
-		h.Stages = append(h.Stages, instance.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs)})
+		h.Stages = append(h.Stages, instance.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs), Wait: time.Duration(st.WaitNs)})
 	}
 	return h, nil
 }

@@ -408,7 +408,7 @@ func TestHealthRoundTrip(t *testing.T) {
 		{Ready: true, Message: "ok", Inflight: 5},
 		{Ready: false, Message: "no pipeline loaded", Inflight: 0},
 		{Ready: true, Message: "", Inflight: 1 << 20},
-		{Ready: true, Message: "ok", Inflight: 2, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3}}},
+		{Ready: true, Message: "ok", Inflight: 2, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3, Wait: 90 * time.Second}}},
 	} {
 		inst := connect(t, &fakeInstance{health: func(context.Context) (instance.Health, error) { return want, nil }})
 		got, err := inst.Health(testContext(t))

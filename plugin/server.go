@@ -66,7 +66,7 @@ func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto
 	}
 	resp := &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight)}
 	for _, st := range h.Stages {
-		resp.Stages = append(resp.Stages, &proto.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, BusyNs: uint64(max(st.Busy, 0))})
+		resp.Stages = append(resp.Stages, &proto.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, BusyNs: uint64(max(st.Busy, 0)), WaitNs: uint64(max(st.Wait, 0))})
 	}
 	return resp, nil
 }

@@ -377,7 +377,7 @@ func (m *fakeMember) Status() instance.Status {
 func (m *fakeMember) Changed() <-chan struct{}          { return make(chan struct{}) }
 func (m *fakeMember) Restart(ctx context.Context) error { return nil }
 func (m *fakeMember) Health(context.Context) (instance.Health, error) {
-	return instance.Health{Ready: true, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6}}}, nil
+	return instance.Health{Ready: true, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6, Wait: 750 * time.Millisecond}}}, nil
 }
 
 // The router's metrics, scraped over HTTP and read back with Prometheus' own text parser.
@@ -458,6 +458,7 @@ func TestMetricsScrape(t *testing.T) {
 		{"voxmux_stage_batch_items_total", map[string]string{"stage": "lm_decode", "instance": "g0/0"}, 25},
 		{"voxmux_stage_batch_items_total", map[string]string{"stage": "vocoder", "instance": "g0/0"}, 6},
 		{"voxmux_stage_busy_seconds_total", map[string]string{"stage": "lm_decode", "instance": "g0/0"}, 2.5},
+		{"voxmux_stage_wait_seconds_total", map[string]string{"stage": "vocoder", "instance": "g0/0"}, 0.75},
 	}
 	for _, c := range checks {
 		if got := counter(c.name, c.labels); got < c.want-1e-9 || got > c.want+1e-9 {

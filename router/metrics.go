@@ -151,8 +151,8 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 
 // poolCollector reads the pool at scrape time.
 type poolCollector struct {
-	m                                                                                     *Metrics
-	queueLength, inflight, groupInflight, capacity, ready, restarts, batches, items, busy *prometheus.Desc
+	m                                                                                           *Metrics
+	queueLength, inflight, groupInflight, capacity, ready, restarts, batches, items, busy, wait *prometheus.Desc
 }
 
 func newPoolCollector(m *Metrics) *poolCollector {
@@ -172,11 +172,13 @@ func newPoolCollector(m *Metrics) *poolCollector {
 			"Items (sequences, chunks) carried by a stage's batches; over voxmux_stage_batches_total it is the mean batch size.", stage, nil),
 		busy: prometheus.NewDesc("voxmux_stage_busy_seconds_total",
 			"Time a stage's batched runs took, summed over its workers (so a stage with several can pass wall time); over voxmux_stage_batches_total it is the mean run time.", stage, nil),
+		wait: prometheus.NewDesc("voxmux_stage_wait_seconds_total",
+			"Time items waited for a stage before one of its runs took them, summed over items; its rate is the stage's mean queue.", stage, nil),
 	}
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy} {
+	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait} {
 		ch <- d
 	}
 }
@@ -202,6 +204,7 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.batches, prometheus.CounterValue, float64(s.Batches), sl...)
 			ch <- prometheus.MustNewConstMetric(c.items, prometheus.CounterValue, float64(s.Items), sl...)
 			ch <- prometheus.MustNewConstMetric(c.busy, prometheus.CounterValue, s.Busy.Seconds(), sl...)
+			ch <- prometheus.MustNewConstMetric(c.wait, prometheus.CounterValue, s.Wait.Seconds(), sl...)
 		}
 	}
 }

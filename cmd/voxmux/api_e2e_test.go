@@ -110,6 +110,7 @@ func TestEndToEndKeysLogsMetrics(t *testing.T) {
 		"voxmux_stage_batches_total":               {dto.MetricType_COUNTER, []string{"stage", "group", "instance"}},
 		"voxmux_stage_batch_items_total":           {dto.MetricType_COUNTER, []string{"stage", "group", "instance"}},
 		"voxmux_stage_busy_seconds_total":          {dto.MetricType_COUNTER, []string{"stage", "group", "instance"}},
+		"voxmux_stage_wait_seconds_total":          {dto.MetricType_COUNTER, []string{"stage", "group", "instance"}},
 		"go_goroutines":                            {dto.MetricType_GAUGE, nil},
 		"process_resident_memory_bytes":            {dto.MetricType_GAUGE, nil},
 	}

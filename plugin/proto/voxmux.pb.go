@@ -534,6 +534,7 @@ type StageStats struct {
 	Batches       uint64                 `protobuf:"varint,2,opt,name=batches,proto3" json:"batches,omitempty"`             // runs of the stage
 	Items         uint64                 `protobuf:"varint,3,opt,name=items,proto3" json:"items,omitempty"`                 // requests or chunks those runs carried
 	BusyNs        uint64                 `protobuf:"varint,4,opt,name=busy_ns,json=busyNs,proto3" json:"busy_ns,omitempty"` // time those runs took (summed over a stage's workers, so it can pass wall time)
+	WaitNs        uint64                 `protobuf:"varint,5,opt,name=wait_ns,json=waitNs,proto3" json:"wait_ns,omitempty"` // time the items waited for the stage before a run took them, summed over items
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -596,6 +597,13 @@ func (x *StageStats) GetBusyNs() uint64 {
 	return 0
 }
 
+func (x *StageStats) GetWaitNs() uint64 {
+	if x != nil {
+		return x.WaitNs
+	}
+	return 0
+}
+
 var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
@@ -646,13 +654,14 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
 	"\binflight\x18\x03 \x01(\rR\binflight\x124\n" +
-	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"k\n" +
+	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"\x84\x01\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x14\n" +
 	"\x05items\x18\x03 \x01(\x04R\x05items\x12\x17\n" +
-	"\abusy_ns\x18\x04 \x01(\x04R\x06busyNs2\xf1\x01\n" +
+	"\abusy_ns\x18\x04 \x01(\x04R\x06busyNs\x12\x17\n" +
+	"\await_ns\x18\x05 \x01(\x04R\x06waitNs2\xf1\x01\n" +
 	"\bInstance\x12E\n" +
 	"\x04Load\x12\x1d.voxmux.plugin.v1.LoadRequest\x1a\x1e.voxmux.plugin.v1.LoadResponse\x12Q\n" +
 	"\n" +
