@@ -491,12 +491,14 @@ func (r *flowRun) urgent() bool { return r.items[0].first }
 // docs/benchmarks/RESULTS.md). With more than one worker,
 // batches of later chunks (bulk) hold at most all workers but one, so a new stream's first
 // chunk never waits for a whole bulk batch; first chunks start on any free worker, ahead of
-// later chunks. A stream's chunks stay in order: none joins a batch while another of its
-// chunks is in one.
+// later chunks. With share, bulk batches may hold every worker: more throughput under load, a
+// longer wait for first audio (provider option flow_first_worker). A stream's chunks stay in
+// order: none joins a batch while another of its chunks is in one.
 type flowLanes struct {
 	runs           []*flowRun       // by worker; nil where free
 	busy           map[*stream]bool // streams with a chunk in a batch under way
 	budget         int              // frames per batch
+	share          bool             // no worker is kept for first chunks
 	spread         float64          // see takeBatch
 	framesPerToken int
 	// fit says how many of n items of up to tokens tokens a batch takes (flowStage.fit): with the
@@ -556,7 +558,7 @@ func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem, worker int
 		return nil, items, -1
 	}
 	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
-	if _, bulk := l.running(); len(l.runs) == 1 || bulk < len(l.runs)-1 {
+	if _, bulk := l.running(); l.share || len(l.runs) == 1 || bulk < len(l.runs)-1 {
 		take, rest = l.trim(takeBatch(items, l.budget, l.spread, l.busy, info))
 		return take, rest, worker
 	}
@@ -595,6 +597,7 @@ func (e *Engine) flowLoop() {
 	defer e.wg.Done()
 	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit,
 		func(n, tokens int) bool { return e.p.m.flowBatchFits(n, tokens) == nil })
+	lanes.share = e.p.rt2.flowShare
 	finished := make(chan *flowRun)
 	ready := e.flowQ.ready
 	var waiting []*flowItem

@@ -116,6 +116,23 @@ func TestEngineFlowWorkersEqualAlone(t *testing.T) {
 	testBatchedEqualsAlone(t, p, 40)
 }
 
+// flow_first_worker share lets batches of later chunks take every flow worker: the audio must
+// not change either; an unknown value fails the load with the key.
+func TestEngineFlowWorkersSharedEqualAlone(t *testing.T) {
+	if _, err := loadTiny(t, map[string]string{"flow_first_worker": "none"}); err == nil ||
+		!strings.Contains(err.Error(), `provider option flow_first_worker: "none" is not keep or share`) {
+		t.Errorf("flow_first_worker none: %v", err)
+	}
+	p, err := loadTiny(t, map[string]string{"flow_workers": "2", "flow_first_worker": "share"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.rt2.flowShare {
+		t.Fatal("flow_first_worker share did not reach the runtime")
+	}
+	testBatchedEqualsAlone(t, p, 40)
+}
+
 // The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the next length the
 // engine makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
 func TestEngineFixedVocoderShapes(t *testing.T) {
@@ -436,6 +453,14 @@ func TestFlowLanes(t *testing.T) {
 	}
 	if r, _ := start(l, []*flowItem{a2, x1}); r == nil || len(r.items) != 2 {
 		t.Fatal("a's next chunk waits with nothing under way")
+	}
+	// Shared workers: a second bulk batch takes the last worker.
+	ls := newFlowLanes(2, 1000, 1.3, 2, nil, nil)
+	ls.share = true
+	for i := 0; i < 2; i++ {
+		if r, _ := start(ls, []*flowItem{item(&stream{}, 40, false)}); r == nil {
+			t.Fatalf("shared workers: bulk batch %d did not start", i+1)
+		}
 	}
 	// Three workers: two bulk batches at once.
 	l3 := newFlowLanes(3, 1000, 1.3, 2, nil, nil)

@@ -41,6 +41,9 @@ type runtime struct {
 	// flowWorkers is the number of flow batches that run at once, each in its own sessions
 	// (provider option flow_workers).
 	flowWorkers int
+	// flowShare is provider option flow_first_worker "share": every flow worker takes batches of
+	// later chunks, rather than one being kept for first chunks (flowLanes).
+	flowShare bool
 	// lmGraph is provider option lm_cuda_graph: "decode" runs the LM's decode steps as CUDA
 	// graphs, "on" its decode steps and prefills; "fixed" runs both in the graphs' fixed shapes
 	// without capturing them (to tell the graphs' effect on results from the shapes'); "off" lets
@@ -116,6 +119,11 @@ func newRuntime(cfg LoadConfig, device int) (*runtime, error) {
 				return nil, fmt.Errorf("provider option flow_workers: %q is not a number of workers from 1 to 8", v)
 			}
 			r.flowWorkers, flowSet = n, true
+		case "flow_first_worker":
+			if v != "keep" && v != "share" {
+				return nil, fmt.Errorf("provider option flow_first_worker: %q is not keep or share", v)
+			}
+			r.flowShare = v == "share"
 		case "intra_op_num_threads":
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 {
