@@ -735,6 +735,9 @@ class DiTBlock(nn.Module):
         self.ff_out = nn.Linear(DIT_FF_MULT * DIT_DIM, DIT_DIM)
         self.scale = 1.0 / math.sqrt(DIT_HEAD_DIM)
         self.sdpa = False
+        # Timing only (scripts/flow_torch_compile.py): attention without the padding mask, which
+        # lets PyTorch pick flash attention. Wrong wherever a batch pads.
+        self.unmasked = False
         self.fused = False
         # With fused operators: projection, RoPE and attention as one Attention operator
         # (QKVAttentionOp) rather than MatMul, Add, Split, two RotaryEmbedding and
@@ -779,7 +782,7 @@ class DiTBlock(nn.Module):
         q = q * cos + rotate_half(q, DIT_HEAD_DIM // 2) * sin
         k = k * cos + rotate_half(k, DIT_HEAD_DIM // 2) * sin
         if self.sdpa:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias.to(q.dtype))
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=None if self.unmasked else key_bias.to(q.dtype))
         else:
             scores = torch.matmul(q, k.transpose(2, 3)).to(torch.float32) * self.scale + key_bias
             ctx = torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
