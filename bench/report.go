@@ -124,12 +124,12 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
-// Seeds are the published figures voxmux sets out to beat (the reference points); the
+// PublishedFigures are other servers' published figures that voxmux sets out to beat; the
 // markdown report quotes them beside the measured ones. They were measured on other hardware.
-const Seeds = "CosyVoice3-0.5B behind vLLM on one RTX 5090: 53–55 chars/s, P95 TTFB ≈ 2 s at 8 users. " +
+const PublishedFigures = "CosyVoice3-0.5B behind vLLM on one RTX 5090: 53–55 chars/s, P95 TTFB ≈ 2 s at 8 users. " +
 	"VoxCPM: 157× real time per 2-GPU group at 128 streams, TTFB 357 ms."
 
-// WriteMarkdown writes one table per target with the seeds' columns, then the comparison.
+// WriteMarkdown writes one table per target, then the comparison.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	title := "voxmux bench"
@@ -184,7 +184,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString("Seeds, for reference (other hardware): " + Seeds + "\n")
+	b.WriteString("Published figures of other servers, for reference (other hardware): " + PublishedFigures + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -65,7 +65,7 @@ type Options struct {
 	Label    string       // free text for the report's title
 }
 
-// DefaultConcurrency is the sweep the issue asks for.
+// DefaultConcurrency is the default sweep: one stream to a load past what one GPU keeps up with.
 var DefaultConcurrency = []int{1, 4, 8, 16, 32, 64, 128, 256}
 
 // Progress is told what the run is doing, for a progress bar.

@@ -11,6 +11,7 @@ import (
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Providers the instances can run the pipeline on.
@@ -69,9 +70,18 @@ type Group struct {
 	GPUMemoryLimit string `yaml:"gpu_memory_limit"`
 	// ArenaExtendStrategy is ONNX Runtime's arena_extend_strategy: kNextPowerOfTwo or kSameAsRequested.
 	ArenaExtendStrategy string `yaml:"arena_extend_strategy"`
-	// ProviderOptions are passed to the execution provider as they are (e.g. cudnn_conv_algo_search).
+	// ProviderOptions are passed to ONNX Runtime's execution provider as they are (e.g.
+	// cudnn_conv_algo_search); the engine's own switches are under Engine.
 	ProviderOptions map[string]string `yaml:"provider_options"`
+	// Engine are the engine's own switches (docs/operations.md), checked here at load.
+	Engine tts.EngineOptions `yaml:"engine"`
 }
+
+// engineOptionKeys are the keys of tts.EngineOptions: a provider_options entry of that name is a
+// misplaced engine option, which ONNX Runtime would reject with a less helpful message.
+var engineOptionKeys = map[string]bool{"vocoder_batches": true, "vocoder_window": true, "profile": true,
+	"lm_stream_priority": true, "lm_cuda_graph": true, "flow_cuda_graph": true, "flow_workers": true,
+	"flow_first_worker": true, "intra_op_num_threads": true}
 
 // Placements of the stages inside a group.
 const (
@@ -188,6 +198,21 @@ func (c *Config) validate() error {
 		}
 		if g.MaxInflight < 0 {
 			return bad(p+".max_inflight", k+".max_inflight", "group %q: must be at least 1", g.Name)
+		}
+		if g.Engine.VocoderBatches != nil {
+			c.Groups[i].Engine.VocoderBatchesSet = true // vocoder_batches: [] is set, and empty
+		}
+		if err := g.Engine.Validate(); err != nil {
+			var oe *tts.OptionError
+			if errors.As(err, &oe) {
+				return bad(p+".engine."+oe.Key, k+".engine."+oe.Key, "group %q: %s", g.Name, oe.Msg)
+			}
+			return bad(p+".engine", k+".engine", "group %q: %v", g.Name, err)
+		}
+		for key := range g.ProviderOptions {
+			if engineOptionKeys[key] {
+				return bad(p+".provider_options", k+".provider_options."+key, "group %q: %s is an engine option, not ONNX Runtime's: set it as %s.engine.%s", g.Name, key, k, key)
+			}
 		}
 		if c.Provider == ProviderCUDA && len(g.GPUs) == 0 {
 			return bad(p, k+".gpus", "group %q: provider cuda needs at least one GPU", g.Name)

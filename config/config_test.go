@@ -111,6 +111,25 @@ groups:
 	}
 }
 
+// Engine options load typed; vocoder_batches: [] is set (one session for every shape), which an
+// absent key is not.
+func TestParseEngineOptions(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n    engine: {flow_workers: 3, flow_first_worker: share, vocoder_batches: [1, 8], vocoder_window: -1}\n  - name: b\n    engine: {vocoder_batches: []}\n  - name: c\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, d := c.Groups[0].Engine, c.Groups[1].Engine, c.Groups[2].Engine
+	if a.FlowWorkers != 3 || a.FlowFirstWorker != "share" || len(a.VocoderBatches) != 2 || a.VocoderBatches[1] != 8 || a.VocoderWindow != -1 || !a.VocoderBatchesSet {
+		t.Errorf("group a: %+v", a)
+	}
+	if !b.VocoderBatchesSet || len(b.VocoderBatches) != 0 {
+		t.Errorf("group b (vocoder_batches: []): %+v", b)
+	}
+	if d.VocoderBatchesSet {
+		t.Errorf("group c (no engine key): %+v", d)
+	}
+}
+
 func TestParseDefaults(t *testing.T) {
 	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n"))
 	if err != nil {
@@ -259,6 +278,31 @@ func TestParseErrors(t *testing.T) {
 			name: "wrong type",
 			yaml: "model: m.yaml\ngroups:\n  - name: a\n    gpus: zero\n",
 			want: []string{"[4:"},
+		},
+		{
+			name: "engine option out of range",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      flow_workers: 9\n",
+			want: []string{testFile + ":5:", "groups[0].engine.flow_workers", "from 1 to 8"},
+		},
+		{
+			name: "engine option not one of its values",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine: {lm_cuda_graph: yes}\n",
+			want: []string{"groups[0].engine.lm_cuda_graph", `"yes"`},
+		},
+		{
+			name: "vocoder batches that do not rise",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      vocoder_batches: [4, 2]\n",
+			want: []string{"groups[0].engine.vocoder_batches", "must rise"},
+		},
+		{
+			name: "unknown engine option",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      flow_worker: 2\n",
+			want: []string{`"flow_worker"`, "[5:"},
+		},
+		{
+			name: "engine option among ONNX Runtime's provider options",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    provider_options: {flow_workers: \"2\"}\n",
+			want: []string{"groups[0].provider_options.flow_workers", "engine option", "groups[0].engine.flow_workers"},
 		},
 	}
 	for _, tt := range tests {

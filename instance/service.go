@@ -5,67 +5,39 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Service is the instance process's side of the router contract: it loads one pipeline and runs
 // requests on its engine, refusing more than max_inflight at once.
 type Service struct {
+	families Families
 	mu       sync.Mutex
 	e        Runner
-	info     Info
+	info     tts.Info
 	slots    chan struct{}
 	inflight atomic.Int64
 	env      func(string) string
 	stop     chan struct{}
 }
 
-// statser is a Runner that reports per-stage statistics (the staged engine).
-type statser interface {
-	Stats() []StageStats
-}
-
-// firstAudioer is a Runner that reports where its requests' first audio spent its time.
+// firstAudioer is a Runner that reports where its requests' first audio spent its time: a
+// summary of the requests since the last call, or "" for none.
 type firstAudioer interface {
-	FirstAudio() []FirstAudio
-}
-
-// firstAudioSummary gives the median and 95th percentile of each part of the time to first audio
-// and of their sum, in ms.
-func firstAudioSummary(fa []FirstAudio) string {
-	parts := []struct {
-		name string
-		of   func(FirstAudio) time.Duration
-	}{
-		{"total", func(f FirstAudio) time.Duration { return f.Prefill + f.Decode + f.Flow + f.Vocoder }},
-		{"prefill", func(f FirstAudio) time.Duration { return f.Prefill }},
-		{"decode", func(f FirstAudio) time.Duration { return f.Decode }},
-		{"flow", func(f FirstAudio) time.Duration { return f.Flow }},
-		{"vocoder", func(f FirstAudio) time.Duration { return f.Vocoder }},
-	}
-	out := fmt.Sprintf("n=%d p50/p95_ms", len(fa))
-	ds := make([]time.Duration, len(fa))
-	for _, p := range parts {
-		for i, f := range fa {
-			ds[i] = p.of(f)
-		}
-		slices.Sort(ds)
-		q := func(x float64) float64 { return float64(ds[int(x*float64(len(ds)-1)+0.5)].Microseconds()) / 1000 }
-		out += fmt.Sprintf(" %s=%.0f/%.0f", p.name, q(0.5), q(0.95))
-	}
-	return out
+	FirstAudioSummary() string
 }
 
 // logStats writes the engine's per-stage figures every interval while it is busy: where the
 // time goes (the profile behind the benchmark reports).
-func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
+func logStats(r StageStatser, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	last := map[string]StageStats{}
+	last := map[string]tts.StageStats{}
 	for {
 		select {
 		case <-stop:
@@ -91,8 +63,8 @@ func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
 			attrs = append(attrs, d.Stage, line)
 		}
 		if f, ok := r.(firstAudioer); ok {
-			if fa := f.FirstAudio(); len(fa) > 0 {
-				attrs = append(attrs, "first_audio", firstAudioSummary(fa))
+			if fa := f.FirstAudioSummary(); fa != "" {
+				attrs = append(attrs, "first_audio", fa)
 			}
 		}
 		if len(attrs) > 0 {
@@ -101,37 +73,32 @@ func logStats(r statser, interval time.Duration, stop <-chan struct{}) {
 	}
 }
 
-// NewService makes an empty service; getenv is how it reads what the router set in its environment.
-func NewService(getenv func(string) string) *Service { return &Service{env: getenv} }
+// NewService makes an empty service that loads models of families; getenv is how it reads what
+// the router set in its environment.
+func NewService(families Families, getenv func(string) string) *Service {
+	return &Service{families: families, env: getenv}
+}
 
 // Load loads the pipeline; an instance loads exactly one.
-func (s *Service) Load(_ context.Context, cfg LoadConfig) (Info, error) {
+func (s *Service) Load(_ context.Context, cfg tts.LoadConfig) (tts.Info, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.e != nil {
-		return Info{}, errors.New("instance already loaded")
+		return tts.Info{}, errors.New("instance already loaded")
 	}
-	r, desc, err := Open(cfg)
+	r, _, err := s.families.Open(cfg)
 	if err != nil {
-		return Info{}, err
+		return tts.Info{}, err
 	}
 	n := cfg.MaxInflight
 	if n <= 0 {
 		n = 16
 	}
 	s.e, s.slots, s.stop = r, make(chan struct{}, n), make(chan struct{})
-	if st, ok := r.(statser); ok {
+	if st, ok := r.(StageStatser); ok {
 		go logStats(st, 10*time.Second, s.stop)
 	}
-	s.info = Info{
-		Model:              desc.Name,
-		SampleRate:         desc.SampleRate,
-		Voices:             desc.Voices,
-		Provider:           cfg.Provider,
-		CUDAVisibleDevices: s.env("CUDA_VISIBLE_DEVICES"),
-		PID:                os.Getpid(),
-		GPUs:               CUDADevices(),
-	}
+	s.info = tts.Info{CUDAVisibleDevices: s.env("CUDA_VISIBLE_DEVICES"), GPUs: ort.CUDADevices()}
 	return s.info, nil
 }
 
@@ -142,33 +109,29 @@ func (s *Service) engine() Runner {
 }
 
 // Synthesize runs one request.
-func (s *Service) Synthesize(ctx context.Context, req Request, emit func(Chunk) error) error {
+func (s *Service) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	e := s.engine()
 	if e == nil {
-		return &Error{Kind: ErrNotReady, Msg: "instance has no pipeline loaded"}
+		return &tts.Error{Kind: tts.ErrNotReady, Msg: "instance has no pipeline loaded"}
 	}
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		return &Error{Kind: ErrBusy, Msg: fmt.Sprintf("instance is at its max_inflight (%d)", cap(s.slots))}
+		return &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("instance is at its max_inflight (%d)", cap(s.slots))}
 	}
 	defer func() { <-s.slots }()
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
-	err := e.Synthesize(ctx, req, emit)
-	if errors.Is(err, ErrEmptyText) {
-		return &Error{Kind: ErrInvalid, Msg: err.Error()}
-	}
-	return err
+	return e.Synthesize(ctx, req, emit)
 }
 
 // Health reports whether a pipeline is loaded and how busy the instance is.
-func (s *Service) Health(context.Context) (Health, error) {
+func (s *Service) Health(context.Context) (tts.Health, error) {
 	if s.engine() == nil {
-		return Health{Ready: false, Message: "no pipeline loaded"}, nil
+		return tts.Health{Ready: false, Message: "no pipeline loaded"}, nil
 	}
-	h := Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
-	if st, ok := s.engine().(statser); ok {
+	h := tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
+	if st, ok := s.engine().(StageStatser); ok {
 		h.Stages = st.Stats()
 	}
 	return h, nil

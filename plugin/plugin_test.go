@@ -13,37 +13,8 @@ import (
 	"time"
 
 	goplugin "github.com/hashicorp/go-plugin"
-
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
-
-// fakeInstance is an Instance whose methods are supplied by each test.
-type fakeInstance struct {
-	load       func(context.Context, instance.LoadConfig) (instance.Info, error)
-	synthesize func(context.Context, instance.Request, func(instance.Chunk) error) error
-	health     func(context.Context) (instance.Health, error)
-}
-
-func (f *fakeInstance) Load(ctx context.Context, cfg instance.LoadConfig) (instance.Info, error) {
-	if f.load == nil {
-		return instance.Info{}, errors.New("fake: Load not set")
-	}
-	return f.load(ctx, cfg)
-}
-
-func (f *fakeInstance) Synthesize(ctx context.Context, req instance.Request, emit func(instance.Chunk) error) error {
-	if f.synthesize == nil {
-		return errors.New("fake: Synthesize not set")
-	}
-	return f.synthesize(ctx, req, emit)
-}
-
-func (f *fakeInstance) Health(ctx context.Context) (instance.Health, error) {
-	if f.health == nil {
-		return instance.Health{}, errors.New("fake: Health not set")
-	}
-	return f.health(ctx)
-}
 
 // connect serves impl through the real gRPC server adapter and returns the real gRPC client
 // adapter talking to it, in-process.
@@ -73,23 +44,21 @@ func testContext(t *testing.T) context.Context {
 }
 
 func TestLoadRoundTrip(t *testing.T) {
-	wantCfg := instance.LoadConfig{
+	wantCfg := tts.LoadConfig{
 		Manifest:        "/models/tiny/pipeline.yaml",
 		Provider:        "cuda",
 		ORTLibrary:      "/usr/lib/libonnxruntime.so.1",
 		ProviderOptions: map[string]string{"device_id": "0", "gpu_mem_limit": "1073741824", "": "empty key"},
 		MaxInflight:     7,
+		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true, VocoderWindow: 132, Profile: "/tmp/p-",
+			LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", FlowWorkers: 3, FlowFirstWorker: "share", IntraOpThreads: 2},
 	}
-	wantInfo := instance.Info{
-		Model:              "tiny",
-		SampleRate:         24000,
-		Voices:             []string{"alloy", "echo", "fable"},
-		Provider:           "cuda",
+	wantInfo := tts.Info{
 		CUDAVisibleDevices: "3,4",
-		PID:                12345,
+		GPUs:               []tts.GPU{{Index: 0, UUID: "GPU-1", Name: "H100", MemoryTotal: 80 << 30}},
 	}
-	var gotCfg instance.LoadConfig
-	inst := connect(t, &fakeInstance{load: func(_ context.Context, cfg instance.LoadConfig) (instance.Info, error) {
+	var gotCfg tts.LoadConfig
+	inst := connect(t, &tts.MockInstance{LoadF: func(_ context.Context, cfg tts.LoadConfig) (tts.Info, error) {
 		gotCfg = cfg
 		return wantInfo, nil
 	}})
@@ -106,31 +75,31 @@ func TestLoadRoundTrip(t *testing.T) {
 }
 
 func TestLoadZeroValues(t *testing.T) {
-	inst := connect(t, &fakeInstance{load: func(_ context.Context, cfg instance.LoadConfig) (instance.Info, error) {
-		if cfg.Manifest != "" || cfg.Provider != "" || cfg.ORTLibrary != "" || len(cfg.ProviderOptions) != 0 || cfg.MaxInflight != 0 {
-			return instance.Info{}, fmt.Errorf("unexpected config %+v", cfg)
+	inst := connect(t, &tts.MockInstance{LoadF: func(_ context.Context, cfg tts.LoadConfig) (tts.Info, error) {
+		if !reflect.DeepEqual(cfg, tts.LoadConfig{}) {
+			return tts.Info{}, fmt.Errorf("unexpected config %+v", cfg)
 		}
-		return instance.Info{}, nil
+		return tts.Info{}, nil
 	}})
-	info, err := inst.Load(testContext(t), instance.LoadConfig{})
+	info, err := inst.Load(testContext(t), tts.LoadConfig{})
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
-	if info.Model != "" || info.SampleRate != 0 || len(info.Voices) != 0 || info.Provider != "" || info.CUDAVisibleDevices != "" || info.PID != 0 {
+	if info.CUDAVisibleDevices != "" || len(info.GPUs) != 0 {
 		t.Errorf("Info = %+v, want zero", info)
 	}
 }
 
-// A failed Load comes back as an *instance.Error with the server's message. (Its kind is not
+// A failed Load comes back as an *tts.Error with the server's message. (Its kind is not
 // checked: the server adapter reports every Load failure as FailedPrecondition, i.e. ErrNotReady.)
 func TestLoadError(t *testing.T) {
-	inst := connect(t, &fakeInstance{load: func(context.Context, instance.LoadConfig) (instance.Info, error) {
-		return instance.Info{}, errors.New("manifest: no such file")
+	inst := connect(t, &tts.MockInstance{LoadF: func(context.Context, tts.LoadConfig) (tts.Info, error) {
+		return tts.Info{}, errors.New("manifest: no such file")
 	}})
-	_, err := inst.Load(testContext(t), instance.LoadConfig{Manifest: "x"})
-	var ie *instance.Error
+	_, err := inst.Load(testContext(t), tts.LoadConfig{Manifest: "x"})
+	var ie *tts.Error
 	if !errors.As(err, &ie) {
-		t.Fatalf("Load error = %v (%T), want *instance.Error", err, err)
+		t.Fatalf("Load error = %v (%T), want *tts.Error", err, err)
 	}
 	if !strings.Contains(ie.Msg, "manifest: no such file") {
 		t.Errorf("Msg = %q, want the server's message", ie.Msg)
@@ -138,7 +107,7 @@ func TestLoadError(t *testing.T) {
 }
 
 func TestSynthesizeStream(t *testing.T) {
-	chunks := []instance.Chunk{
+	chunks := []tts.Chunk{
 		{PCM: []float32{0, 1, -1, 0.5, -0.5, 0.25, -0.123456789}, SampleRate: 24000, Index: 0},
 		{PCM: []float32{
 			float32(math.Copysign(0, -1)), // -0 keeps its sign bit
@@ -151,9 +120,9 @@ func TestSynthesizeStream(t *testing.T) {
 		{PCM: []float32{}, SampleRate: 24000, Index: 3},
 		{PCM: oddRamp(4801), SampleRate: 48000, Index: 4},
 	}
-	wantReq := instance.Request{ID: "req-42", Text: "héllo, wörld ✓", Voice: "alloy", Speed: 1.25, Seed: math.MaxUint64, Instructions: "Speak softly."}
-	var gotReq instance.Request
-	inst := connect(t, &fakeInstance{synthesize: func(_ context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+	wantReq := tts.Request{ID: "req-42", Text: "héllo, wörld ✓", Voice: "alloy", Speed: 1.25, Seed: math.MaxUint64, Instructions: "Speak softly."}
+	var gotReq tts.Request
+	inst := connect(t, &tts.MockInstance{SynthesizeF: func(_ context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 		gotReq = req
 		for _, c := range chunks {
 			if err := emit(c); err != nil {
@@ -163,8 +132,8 @@ func TestSynthesizeStream(t *testing.T) {
 		return nil
 	}})
 
-	var got []instance.Chunk
-	err := inst.Synthesize(testContext(t), wantReq, func(c instance.Chunk) error {
+	var got []tts.Chunk
+	err := inst.Synthesize(testContext(t), wantReq, func(c tts.Chunk) error {
 		got = append(got, c)
 		return nil
 	})
@@ -204,11 +173,11 @@ func oddRamp(n int) []float32 {
 }
 
 func TestSynthesizeNoChunks(t *testing.T) {
-	inst := connect(t, &fakeInstance{synthesize: func(context.Context, instance.Request, func(instance.Chunk) error) error {
+	inst := connect(t, &tts.MockInstance{SynthesizeF: func(context.Context, tts.Request, func(tts.Chunk) error) error {
 		return nil
 	}})
 	calls := 0
-	if err := inst.Synthesize(testContext(t), instance.Request{Text: "x"}, func(instance.Chunk) error { calls++; return nil }); err != nil {
+	if err := inst.Synthesize(testContext(t), tts.Request{Text: "x"}, func(tts.Chunk) error { calls++; return nil }); err != nil {
 		t.Fatalf("Synthesize: %v", err)
 	}
 	if calls != 0 {
@@ -221,11 +190,11 @@ func TestSynthesizeNoChunks(t *testing.T) {
 func TestSynthesizeEmitErrorCancelsServer(t *testing.T) {
 	serverCancelled := make(chan struct{})
 	serverReturned := make(chan error, 1)
-	inst := connect(t, &fakeInstance{synthesize: func(ctx context.Context, _ instance.Request, emit func(instance.Chunk) error) error {
+	inst := connect(t, &tts.MockInstance{SynthesizeF: func(ctx context.Context, _ tts.Request, emit func(tts.Chunk) error) error {
 		var err error
 		// Keep producing until the stream breaks; bounded in case it never does.
 		for i := 0; i < 100000 && err == nil && ctx.Err() == nil; i++ {
-			err = emit(instance.Chunk{PCM: []float32{float32(i)}, SampleRate: 24000, Index: i})
+			err = emit(tts.Chunk{PCM: []float32{float32(i)}, SampleRate: 24000, Index: i})
 		}
 		select {
 		case <-ctx.Done():
@@ -241,7 +210,7 @@ func TestSynthesizeEmitErrorCancelsServer(t *testing.T) {
 
 	errStop := errors.New("client went away")
 	var emitted []int
-	err := inst.Synthesize(testContext(t), instance.Request{Text: "x"}, func(c instance.Chunk) error {
+	err := inst.Synthesize(testContext(t), tts.Request{Text: "x"}, func(c tts.Chunk) error {
 		emitted = append(emitted, c.Index)
 		if c.Index == 2 {
 			return errStop
@@ -271,8 +240,8 @@ func TestSynthesizeEmitErrorCancelsServer(t *testing.T) {
 func TestSynthesizeClientCancel(t *testing.T) {
 	started := make(chan struct{})
 	serverCancelled := make(chan struct{})
-	inst := connect(t, &fakeInstance{synthesize: func(ctx context.Context, _ instance.Request, emit func(instance.Chunk) error) error {
-		if err := emit(instance.Chunk{PCM: []float32{1}, SampleRate: 24000}); err != nil {
+	inst := connect(t, &tts.MockInstance{SynthesizeF: func(ctx context.Context, _ tts.Request, emit func(tts.Chunk) error) error {
+		if err := emit(tts.Chunk{PCM: []float32{1}, SampleRate: 24000}); err != nil {
 			return err
 		}
 		close(started)
@@ -290,7 +259,7 @@ func TestSynthesizeClientCancel(t *testing.T) {
 		<-started
 		cancel()
 	}()
-	err := inst.Synthesize(ctx, instance.Request{Text: "x"}, func(instance.Chunk) error { return nil })
+	err := inst.Synthesize(ctx, tts.Request{Text: "x"}, func(tts.Chunk) error { return nil })
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Synthesize = %v, want context.Canceled", err)
 	}
@@ -304,12 +273,12 @@ func TestSynthesizeClientCancel(t *testing.T) {
 func TestErrorKindsCrossTheWire(t *testing.T) {
 	kinds := []struct {
 		name string
-		kind instance.ErrorKind
+		kind tts.ErrorKind
 	}{
-		{"invalid", instance.ErrInvalid},
-		{"busy", instance.ErrBusy},
-		{"not ready", instance.ErrNotReady},
-		{"internal", instance.ErrInternal},
+		{"invalid", tts.ErrInvalid},
+		{"busy", tts.ErrBusy},
+		{"not ready", tts.ErrNotReady},
+		{"internal", tts.ErrInternal},
 	}
 	type call struct {
 		name string
@@ -317,10 +286,10 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 	}
 	calls := []call{
 		{"Synthesize", func(ctx context.Context, inst Instance) error {
-			return inst.Synthesize(ctx, instance.Request{Text: "x"}, func(instance.Chunk) error { return nil })
+			return inst.Synthesize(ctx, tts.Request{Text: "x"}, func(tts.Chunk) error { return nil })
 		}},
 		{"Synthesize after a chunk", func(ctx context.Context, inst Instance) error {
-			return inst.Synthesize(ctx, instance.Request{Text: "mid"}, func(instance.Chunk) error { return nil })
+			return inst.Synthesize(ctx, tts.Request{Text: "mid"}, func(tts.Chunk) error { return nil })
 		}},
 		{"Health", func(ctx context.Context, inst Instance) error {
 			_, err := inst.Health(ctx)
@@ -329,29 +298,29 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 	}
 	for _, k := range kinds {
 		for _, wrapped := range []bool{false, true} {
-			serverErr := error(&instance.Error{Kind: k.kind, Msg: "boom: " + k.name})
+			serverErr := error(&tts.Error{Kind: k.kind, Msg: "boom: " + k.name})
 			if wrapped {
 				serverErr = fmt.Errorf("engine: %w", serverErr)
 			}
-			fake := &fakeInstance{
-				synthesize: func(_ context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+			fake := &tts.MockInstance{
+				SynthesizeF: func(_ context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 					if req.Text == "mid" {
-						if err := emit(instance.Chunk{PCM: []float32{1}}); err != nil {
+						if err := emit(tts.Chunk{PCM: []float32{1}}); err != nil {
 							return err
 						}
 					}
 					return serverErr
 				},
-				health: func(context.Context) (instance.Health, error) { return instance.Health{}, serverErr },
+				HealthF: func(context.Context) (tts.Health, error) { return tts.Health{}, serverErr },
 			}
 			inst := connect(t, fake)
 			for _, c := range calls {
 				name := fmt.Sprintf("%s/%s/wrapped=%v", c.name, k.name, wrapped)
 				t.Run(name, func(t *testing.T) {
 					err := c.do(testContext(t), inst)
-					var ie *instance.Error
+					var ie *tts.Error
 					if !errors.As(err, &ie) {
-						t.Fatalf("error = %v (%T), want *instance.Error", err, err)
+						t.Fatalf("error = %v (%T), want *tts.Error", err, err)
 					}
 					if ie.Kind != k.kind {
 						t.Errorf("Kind = %d, want %d", ie.Kind, k.kind)
@@ -365,15 +334,15 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 	}
 
 	t.Run("plain error is internal", func(t *testing.T) {
-		inst := connect(t, &fakeInstance{
-			synthesize: func(context.Context, instance.Request, func(instance.Chunk) error) error {
+		inst := connect(t, &tts.MockInstance{
+			SynthesizeF: func(context.Context, tts.Request, func(tts.Chunk) error) error {
 				return errors.New("onnxruntime: out of memory")
 			},
 		})
-		err := inst.Synthesize(testContext(t), instance.Request{Text: "x"}, func(instance.Chunk) error { return nil })
-		var ie *instance.Error
-		if !errors.As(err, &ie) || ie.Kind != instance.ErrInternal {
-			t.Fatalf("error = %v (%T), want *instance.Error of kind ErrInternal", err, err)
+		err := inst.Synthesize(testContext(t), tts.Request{Text: "x"}, func(tts.Chunk) error { return nil })
+		var ie *tts.Error
+		if !errors.As(err, &ie) || ie.Kind != tts.ErrInternal {
+			t.Fatalf("error = %v (%T), want *tts.Error of kind ErrInternal", err, err)
 		}
 		if ie.Msg != "onnxruntime: out of memory" {
 			t.Errorf("Msg = %q", ie.Msg)
@@ -382,19 +351,19 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 
 	for _, ctxErr := range []error{context.Canceled, context.DeadlineExceeded} {
 		t.Run(ctxErr.Error(), func(t *testing.T) {
-			inst := connect(t, &fakeInstance{
-				synthesize: func(context.Context, instance.Request, func(instance.Chunk) error) error {
+			inst := connect(t, &tts.MockInstance{
+				SynthesizeF: func(context.Context, tts.Request, func(tts.Chunk) error) error {
 					return fmt.Errorf("flow: %w", ctxErr)
 				},
-				health: func(context.Context) (instance.Health, error) { return instance.Health{}, ctxErr },
+				HealthF: func(context.Context) (tts.Health, error) { return tts.Health{}, ctxErr },
 			})
-			err := inst.Synthesize(testContext(t), instance.Request{Text: "x"}, func(instance.Chunk) error { return nil })
+			err := inst.Synthesize(testContext(t), tts.Request{Text: "x"}, func(tts.Chunk) error { return nil })
 			if !errors.Is(err, ctxErr) {
 				t.Errorf("Synthesize = %v, want errors.Is %v", err, ctxErr)
 			}
-			var ie *instance.Error
+			var ie *tts.Error
 			if errors.As(err, &ie) {
-				t.Errorf("Synthesize = %v is an *instance.Error, want a context error", err)
+				t.Errorf("Synthesize = %v is an *tts.Error, want a context error", err)
 			}
 			if _, err := inst.Health(testContext(t)); !errors.Is(err, ctxErr) {
 				t.Errorf("Health = %v, want errors.Is %v", err, ctxErr)
@@ -404,13 +373,13 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 }
 
 func TestHealthRoundTrip(t *testing.T) {
-	for _, want := range []instance.Health{
+	for _, want := range []tts.Health{
 		{Ready: true, Message: "ok", Inflight: 5},
 		{Ready: false, Message: "no pipeline loaded", Inflight: 0},
 		{Ready: true, Message: "", Inflight: 1 << 20},
-		{Ready: true, Message: "ok", Inflight: 2, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3, Wait: 90 * time.Second}}},
+		{Ready: true, Message: "ok", Inflight: 2, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3, Wait: 90 * time.Second}}},
 	} {
-		inst := connect(t, &fakeInstance{health: func(context.Context) (instance.Health, error) { return want, nil }})
+		inst := connect(t, &tts.MockInstance{HealthF: func(context.Context) (tts.Health, error) { return want, nil }})
 		got, err := inst.Health(testContext(t))
 		if err != nil {
 			t.Fatalf("Health: %v", err)
@@ -423,9 +392,9 @@ func TestHealthRoundTrip(t *testing.T) {
 
 // Several requests share one connection at once; each gets its own chunks.
 func TestSynthesizeConcurrent(t *testing.T) {
-	inst := connect(t, &fakeInstance{synthesize: func(_ context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+	inst := connect(t, &tts.MockInstance{SynthesizeF: func(_ context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 		for i := 0; i < 20; i++ {
-			if err := emit(instance.Chunk{PCM: []float32{float32(len(req.ID)), float32(i)}, SampleRate: 24000, Index: i}); err != nil {
+			if err := emit(tts.Chunk{PCM: []float32{float32(len(req.ID)), float32(i)}, SampleRate: 24000, Index: i}); err != nil {
 				return err
 			}
 		}
@@ -439,7 +408,7 @@ func TestSynthesizeConcurrent(t *testing.T) {
 			defer wg.Done()
 			id := strings.Repeat("x", r+1)
 			next := 0
-			err := inst.Synthesize(testContext(t), instance.Request{ID: id, Text: "x"}, func(c instance.Chunk) error {
+			err := inst.Synthesize(testContext(t), tts.Request{ID: id, Text: "x"}, func(c tts.Chunk) error {
 				if c.Index != next || c.PCM[0] != float32(len(id)) || c.PCM[1] != float32(next) {
 					return fmt.Errorf("request %s: chunk %+v, want index %d", id, c, next)
 				}

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/plugin/proto"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // grpcServer adapts an Instance to the generated gRPC service.
@@ -20,7 +20,7 @@ type grpcServer struct {
 }
 
 func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.LoadResponse, error) {
-	info, err := s.impl.Load(ctx, instance.LoadConfig{
+	info, err := s.impl.Load(ctx, tts.LoadConfig{
 		Manifest:        r.Manifest,
 		Provider:        r.Provider,
 		ORTLibrary:      r.OrtLibrary,
@@ -28,9 +28,10 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 		MaxInflight:     int(r.MaxInflight),
 		Placement:       r.Placement,
 		GPUMemoryLimit:  r.GpuMemoryLimit,
+		Engine:          engineFromProto(r.Engine),
 	})
 	if err != nil {
-		var ie *instance.Error
+		var ie *tts.Error
 		if errors.As(err, &ie) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return nil, toStatus(err)
 		}
@@ -42,18 +43,13 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 	}
 	return &proto.LoadResponse{
 		Gpus:               gpus,
-		Model:              info.Model,
-		SampleRate:         uint32(info.SampleRate),
-		Voices:             info.Voices,
-		Provider:           info.Provider,
 		CudaVisibleDevices: info.CUDAVisibleDevices,
-		Pid:                int32(info.PID),
 	}, nil
 }
 
 func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
-	req := instance.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
-	err := s.impl.Synthesize(out.Context(), req, func(c instance.Chunk) error {
+	req := tts.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
+	err := s.impl.Synthesize(out.Context(), req, func(c tts.Chunk) error {
 		return out.Send(&proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)})
 	})
 	return toStatus(err)
@@ -73,7 +69,7 @@ func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto
 
 // toStatus keeps the kind of an instance error across the wire.
 func toStatus(err error) error {
-	var ie *instance.Error
+	var ie *tts.Error
 	switch {
 	case err == nil:
 		return nil
@@ -81,11 +77,11 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
 		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.As(err, &ie) && ie.Kind == instance.ErrNotReady:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrNotReady:
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Backoff is how a Member retries.
@@ -23,7 +23,7 @@ type Backoff struct {
 type MemberSpec struct {
 	Name   string
 	Launch LaunchConfig
-	Load   instance.LoadConfig
+	Load   tts.LoadConfig
 }
 
 // Launcher starts a process; Launch in production, a fake in tests.
@@ -57,7 +57,7 @@ type Member struct {
 	mu      sync.Mutex
 	inst    Instance
 	proc    Stopper
-	status  instance.Status
+	status  tts.Status
 	changed chan struct{} // closed and replaced on every change
 	kick    chan struct{}
 	restart bool // an operator asked for a fresh process
@@ -67,7 +67,7 @@ type Member struct {
 func NewMember(spec MemberSpec, opts Backoff, launch Launcher, log *slog.Logger) *Member {
 	return &Member{
 		spec: spec, opts: opts, launch: launch, log: log.With("instance", spec.Name),
-		status:  instance.Status{Name: spec.Name, State: instance.StateStarting, Since: time.Now()},
+		status:  tts.Status{Name: spec.Name, State: tts.StateStarting, Since: time.Now()},
 		changed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 	}
@@ -77,11 +77,11 @@ func NewMember(spec MemberSpec, opts Backoff, launch Launcher, log *slog.Logger)
 func (m *Member) Name() string { return m.spec.Name }
 
 // Status is the member's current status.
-func (m *Member) Status() instance.Status {
+func (m *Member) Status() tts.Status {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.status
-	s.GPUs = append([]instance.GPU(nil), s.GPUs...)
+	s.GPUs = append([]tts.GPU(nil), s.GPUs...)
 	return s
 }
 
@@ -92,7 +92,7 @@ func (m *Member) Changed() <-chan struct{} {
 	return m.changed
 }
 
-func (m *Member) set(f func(s *instance.Status)) {
+func (m *Member) set(f func(s *tts.Status)) {
 	m.mu.Lock()
 	old := m.status.State
 	f(&m.status)
@@ -105,23 +105,23 @@ func (m *Member) set(f func(s *instance.Status)) {
 }
 
 // Synthesize runs req on the current process.
-func (m *Member) Synthesize(ctx context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+func (m *Member) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	m.mu.Lock()
 	inst, state := m.inst, m.status.State
 	m.mu.Unlock()
-	if inst == nil || state != instance.StateReady {
-		return &instance.Error{Kind: instance.ErrNotReady, Msg: fmt.Sprintf("instance %s is %s", m.spec.Name, state)}
+	if inst == nil || state != tts.StateReady {
+		return &tts.Error{Kind: tts.ErrNotReady, Msg: fmt.Sprintf("instance %s is %s", m.spec.Name, state)}
 	}
 	return inst.Synthesize(ctx, req, emit)
 }
 
 // Health asks the current process for its own view of itself (stage batch counters included).
-func (m *Member) Health(ctx context.Context) (instance.Health, error) {
+func (m *Member) Health(ctx context.Context) (tts.Health, error) {
 	m.mu.Lock()
 	inst := m.inst
 	m.mu.Unlock()
 	if inst == nil {
-		return instance.Health{}, &instance.Error{Kind: instance.ErrNotReady, Msg: fmt.Sprintf("instance %s has no process", m.spec.Name)}
+		return tts.Health{}, &tts.Error{Kind: tts.ErrNotReady, Msg: fmt.Sprintf("instance %s has no process", m.spec.Name)}
 	}
 	return inst.Health(ctx)
 }
@@ -147,10 +147,10 @@ func (m *Member) Restart(ctx context.Context) error {
 		if !pending {
 			left = true
 		}
-		if left && s.State == instance.StateReady {
+		if left && s.State == tts.StateReady {
 			return nil
 		}
-		if left && s.State == instance.StateFailed {
+		if left && s.State == tts.StateFailed {
 			return fmt.Errorf("instance %s failed to restart: %s", m.spec.Name, s.LastError)
 		}
 		select {
@@ -169,11 +169,11 @@ func (m *Member) Run(ctx context.Context) {
 		m.restart = false
 		restarts := m.status.Restarts
 		m.mu.Unlock()
-		state := instance.StateStarting
+		state := tts.StateStarting
 		if restarts > 0 {
-			state = instance.StateRestarting
+			state = tts.StateRestarting
 		}
-		m.set(func(s *instance.Status) { s.State = state })
+		m.set(func(s *tts.Status) { s.State = state })
 
 		inst, proc, info, err := m.start(ctx)
 		if err != nil {
@@ -181,12 +181,12 @@ func (m *Member) Run(ctx context.Context) {
 				break
 			}
 			var failed bool
-			m.set(func(s *instance.Status) {
+			m.set(func(s *tts.Status) {
 				s.Failures++
 				s.LastError = err.Error()
 				failed = m.opts.MaxFailures > 0 && s.Failures >= m.opts.MaxFailures
 				if failed {
-					s.State = instance.StateFailed
+					s.State = tts.StateFailed
 				}
 			})
 			if failed {
@@ -194,7 +194,7 @@ func (m *Member) Run(ctx context.Context) {
 				if !m.waitKick(ctx, 0) {
 					break
 				}
-				m.set(func(s *instance.Status) { s.Failures = 0 })
+				m.set(func(s *tts.Status) { s.Failures = 0 })
 				delay = m.opts.Initial
 				continue
 			}
@@ -206,8 +206,8 @@ func (m *Member) Run(ctx context.Context) {
 		m.mu.Lock()
 		m.inst, m.proc = inst, proc
 		m.mu.Unlock()
-		m.set(func(s *instance.Status) {
-			s.State, s.PID, s.GPUs, s.Failures, s.LastError = instance.StateReady, proc.PID(), info.GPUs, 0, ""
+		m.set(func(s *tts.Status) {
+			s.State, s.PID, s.GPUs, s.Failures, s.LastError = tts.StateReady, proc.PID(), info.GPUs, 0, ""
 		})
 		m.log.Info("instance ready", "pid", proc.PID(), "cuda_visible_devices", info.CUDAVisibleDevices, "gpus", len(info.GPUs))
 
@@ -219,10 +219,10 @@ func (m *Member) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			break
 		}
-		m.set(func(s *instance.Status) { s.Restarts++; s.PID = 0 })
+		m.set(func(s *tts.Status) { s.Restarts++; s.PID = 0 })
 		if crashed {
 			m.log.Warn("instance exited; restarting", "in", delay)
-			m.set(func(s *instance.Status) { s.State, s.LastError = instance.StateRestarting, "process exited" })
+			m.set(func(s *tts.Status) { s.State, s.LastError = tts.StateRestarting, "process exited" })
 			if !m.waitKick(ctx, delay) {
 				break
 			}
@@ -231,7 +231,7 @@ func (m *Member) Run(ctx context.Context) {
 			delay = m.opts.Initial
 		}
 	}
-	m.set(func(s *instance.Status) { s.State, s.PID = instance.StateStopped, 0 })
+	m.set(func(s *tts.Status) { s.State, s.PID = tts.StateStopped, 0 })
 }
 
 // watch waits until the process exits (true), a restart is asked for, or ctx ends (false).
@@ -275,23 +275,23 @@ func (m *Member) waitKick(ctx context.Context, d time.Duration) bool {
 }
 
 // start launches, loads and warms up one process.
-func (m *Member) start(ctx context.Context) (Instance, Stopper, instance.Info, error) {
+func (m *Member) start(ctx context.Context) (Instance, Stopper, tts.Info, error) {
 	sctx, cancel := context.WithTimeout(ctx, m.opts.StartTimeout)
 	defer cancel()
 	inst, proc, err := m.launch(sctx, m.spec.Launch)
 	if err != nil {
-		return nil, nil, instance.Info{}, err
+		return nil, nil, tts.Info{}, err
 	}
 	info, err := inst.Load(sctx, m.spec.Load)
 	if err != nil {
 		proc.Stop()
-		return nil, nil, instance.Info{}, fmt.Errorf("load: %w", err)
+		return nil, nil, tts.Info{}, fmt.Errorf("load: %w", err)
 	}
 	// Ready only after a real synthesis succeeds.
-	err = inst.Synthesize(sctx, instance.Request{ID: "warmup", Text: "Warm up."}, func(instance.Chunk) error { return nil })
+	err = inst.Synthesize(sctx, tts.Request{ID: "warmup", Text: "Warm up."}, func(tts.Chunk) error { return nil })
 	if err != nil {
 		proc.Stop()
-		return nil, nil, instance.Info{}, fmt.Errorf("warm-up synthesis: %w", err)
+		return nil, nil, tts.Info{}, fmt.Errorf("warm-up synthesis: %w", err)
 	}
 	return inst, proc, info, nil
 }

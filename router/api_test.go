@@ -17,8 +17,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // serveWith runs a Server with options of the test's choosing over backends.
@@ -270,7 +269,7 @@ func TestSSEErrorMidStream(t *testing.T) {
 // blockSynth sends nothing until its context ends.
 type blockSynth struct{}
 
-func (blockSynth) Synthesize(ctx context.Context, _ instance.Request, _ func(instance.Chunk) error) error {
+func (blockSynth) Synthesize(ctx context.Context, _ tts.Request, _ func(tts.Chunk) error) error {
 	<-ctx.Done()
 	return ctx.Err()
 }
@@ -287,14 +286,14 @@ func TestTimeoutBeforeAudioIs504(t *testing.T) {
 // recordSynth remembers the requests it got.
 type recordSynth struct {
 	mu   sync.Mutex
-	reqs []instance.Request
+	reqs []tts.Request
 }
 
-func (r *recordSynth) Synthesize(_ context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+func (r *recordSynth) Synthesize(_ context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	r.mu.Lock()
 	r.reqs = append(r.reqs, req)
 	r.mu.Unlock()
-	return emit(instance.Chunk{PCM: make([]float32, 480), SampleRate: 24000})
+	return emit(tts.Chunk{PCM: make([]float32, 480), SampleRate: 24000})
 }
 
 func TestInstructionsReachOnlyModelsThatTakeThem(t *testing.T) {
@@ -371,13 +370,13 @@ type fakeMember struct {
 	restarts int
 }
 
-func (m *fakeMember) Status() instance.Status {
-	return instance.Status{State: instance.StateReady, Restarts: m.restarts}
+func (m *fakeMember) Status() tts.Status {
+	return tts.Status{State: tts.StateReady, Restarts: m.restarts}
 }
 func (m *fakeMember) Changed() <-chan struct{}          { return make(chan struct{}) }
 func (m *fakeMember) Restart(ctx context.Context) error { return nil }
-func (m *fakeMember) Health(context.Context) (instance.Health, error) {
-	return instance.Health{Ready: true, Stages: []instance.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6, Wait: 750 * time.Millisecond}}}, nil
+func (m *fakeMember) Health(context.Context) (tts.Health, error) {
+	return tts.Health{Ready: true, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6, Wait: 750 * time.Millisecond}}}, nil
 }
 
 // The router's metrics, scraped over HTTP and read back with Prometheus' own text parser.

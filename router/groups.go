@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Group is a GPU group: the instances that share its GPUs, drained and restarted together.
@@ -32,38 +32,38 @@ func (g *Group) open() bool {
 }
 
 // State is the group's state: an operation or health verdict first, else what its instances say.
-func (g *Group) State() instance.State {
+func (g *Group) State() tts.State {
 	g.mu.Lock()
 	restarting, draining, unhealthy := g.restarting, g.draining, g.unhealthy
 	g.mu.Unlock()
 	switch {
 	case restarting:
-		return instance.StateRestarting
+		return tts.StateRestarting
 	case draining:
-		return instance.StateDraining
+		return tts.StateDraining
 	case unhealthy != "":
-		return instance.StateUnhealthy
+		return tts.StateUnhealthy
 	}
 	var ready, failed, restartingN int
 	for _, b := range g.Backends {
 		switch b.state() {
-		case instance.StateReady:
+		case tts.StateReady:
 			ready++
-		case instance.StateFailed:
+		case tts.StateFailed:
 			failed++
-		case instance.StateRestarting:
+		case tts.StateRestarting:
 			restartingN++
 		}
 	}
 	switch {
 	case ready > 0:
-		return instance.StateReady
+		return tts.StateReady
 	case len(g.Backends) > 0 && failed == len(g.Backends):
-		return instance.StateFailed
+		return tts.StateFailed
 	case restartingN > 0:
-		return instance.StateRestarting
+		return tts.StateRestarting
 	}
-	return instance.StateStarting
+	return tts.StateStarting
 }
 
 // UnhealthyReason is why the group is unhealthy, "" when it is not.
@@ -73,14 +73,14 @@ func (g *Group) UnhealthyReason() string {
 	return g.unhealthy
 }
 
-func (b *Backend) state() instance.State {
+func (b *Backend) state() tts.State {
 	if b.Member != nil {
 		return b.Member.Status().State
 	}
 	if b.ready.Load() {
-		return instance.StateReady
+		return tts.StateReady
 	}
-	return instance.StateStarting
+	return tts.StateStarting
 }
 
 // Inflight is the group's in-flight request count.
@@ -144,7 +144,7 @@ var ErrLastReadyGroup = errors.New("it is the last ready group; traffic would fa
 func (g *Group) Restart(ctx context.Context, drainTimeout time.Duration, force bool) error {
 	g.ops.Lock()
 	defer g.ops.Unlock()
-	if !force && g.pool != nil && g.State() == instance.StateReady && !g.pool.otherReady(g) {
+	if !force && g.pool != nil && g.State() == tts.StateReady && !g.pool.otherReady(g) {
 		return fmt.Errorf("group %s: %w (use force to restart it anyway)", g.Name, ErrLastReadyGroup)
 	}
 	g.mu.Lock()
@@ -188,7 +188,7 @@ func (g *Group) RestartInstances(ctx context.Context) error {
 // otherReady reports whether a group other than g is ready.
 func (p *Pool) otherReady(g *Group) bool {
 	for _, o := range p.Groups() {
-		if o != g && o.State() == instance.StateReady {
+		if o != g && o.State() == tts.StateReady {
 			return true
 		}
 	}
@@ -200,7 +200,7 @@ func (p *Pool) otherComing(g *Group) bool {
 	for _, o := range p.Groups() {
 		switch s := o.State(); {
 		case o == g:
-		case s == instance.StateStarting, s == instance.StateRestarting, s == instance.StateDraining:
+		case s == tts.StateStarting, s == tts.StateRestarting, s == tts.StateDraining:
 			return true
 		}
 	}
@@ -211,7 +211,7 @@ func (p *Pool) otherComing(g *Group) bool {
 // group waits (up to ctx) until another one is ready first. progress is told of each step.
 func (p *Pool) RollingRestart(ctx context.Context, drainTimeout time.Duration, progress func(group, step string)) error {
 	for _, g := range p.Groups() {
-		for g.State() == instance.StateReady && !p.otherReady(g) {
+		for g.State() == tts.StateReady && !p.otherReady(g) {
 			if !p.otherComing(g) {
 				return fmt.Errorf("group %s: %w", g.Name, ErrLastReadyGroup)
 			}

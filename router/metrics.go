@@ -7,8 +7,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Metrics are the router's Prometheus metrics. main builds them once on the registry it serves
@@ -27,7 +26,7 @@ type Metrics struct {
 
 	pool  *Pool
 	mu    sync.Mutex
-	stage map[*Backend][]instance.StageStats // last Health answer of each instance
+	stage map[*Backend][]tts.StageStats // last Health answer of each instance
 }
 
 // NewMetrics registers the router's metrics on reg. The pool's figures (queue length, in-flight
@@ -78,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer, pool *Pool) *Metrics {
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2.5, 5, 10, 30},
 		}),
 		pool:  pool,
-		stage: map[*Backend][]instance.StageStats{},
+		stage: map[*Backend][]tts.StageStats{},
 	}
 	reg.MustRegister(m.requests, m.ttfb, m.duration, m.rtf, m.audio, m.chars, m.bytes, m.incomplete, m.queueWait, newPoolCollector(m))
 	return m
@@ -117,7 +116,7 @@ func (m *Metrics) spoke(r recentRequest, outcome string, bytes int64) {
 // HealthReporter is what PollInstances needs of a backend's Member: its own Health answer (the
 // plugin's Member has it).
 type HealthReporter interface {
-	Health(ctx context.Context) (instance.Health, error)
+	Health(ctx context.Context) (tts.Health, error)
 }
 
 // PollInstances asks every instance for its Health every interval until ctx ends, keeping the

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // fakeSynth produces n chunks of 480 samples; hooks let a test make it fail or wait.
@@ -27,7 +27,7 @@ type fakeSynth struct {
 	calls  int
 }
 
-func (f *fakeSynth) Synthesize(ctx context.Context, req instance.Request, emit func(instance.Chunk) error) error {
+func (f *fakeSynth) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	f.mu.Lock()
 	f.calls++
 	f.mu.Unlock()
@@ -49,7 +49,7 @@ func (f *fakeSynth) Synthesize(ctx context.Context, req instance.Request, emit f
 		for j := range pcm {
 			pcm[j] = 0.5
 		}
-		if err := emit(instance.Chunk{PCM: pcm, SampleRate: 24000, Index: i}); err != nil {
+		if err := emit(tts.Chunk{PCM: pcm, SampleRate: 24000, Index: i}); err != nil {
 			return err
 		}
 	}
@@ -189,7 +189,7 @@ func TestWAVStreamsBeforeSynthesisEnds(t *testing.T) {
 }
 
 func TestRetryBeforeAudio(t *testing.T) {
-	bad := &fakeSynth{fail: &instance.Error{Kind: instance.ErrInternal, Msg: "boom"}}
+	bad := &fakeSynth{fail: &tts.Error{Kind: tts.ErrInternal, Msg: "boom"}}
 	good := &fakeSynth{chunks: 2}
 	// bad has the lower load ratio, so it is tried first.
 	url := serveTest(t, ready("bad", bad, 100), ready("good", good, 1))
@@ -203,8 +203,8 @@ func TestRetryBeforeAudio(t *testing.T) {
 }
 
 func TestInvalidIsNotRetried(t *testing.T) {
-	a := &fakeSynth{fail: &instance.Error{Kind: instance.ErrInvalid, Msg: "nothing to say"}}
-	b := &fakeSynth{fail: &instance.Error{Kind: instance.ErrInvalid, Msg: "nothing to say"}}
+	a := &fakeSynth{fail: &tts.Error{Kind: tts.ErrInvalid, Msg: "nothing to say"}}
+	b := &fakeSynth{fail: &tts.Error{Kind: tts.ErrInvalid, Msg: "nothing to say"}}
 	url := serveTest(t, ready("a", a, 4), ready("b", b, 4))
 	resp, body := post(t, url, `{"input":"hi"}`)
 	if resp.StatusCode != 400 || a.Calls()+b.Calls() != 1 {

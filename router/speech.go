@@ -17,8 +17,8 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/voxmux/voxmux/instance"
-	"github.com/voxmux/voxmux/instance/audio"
+	"github.com/voxmux/voxmux/router/audio"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // DefaultFormat is used when a request names no response_format, as at OpenAI.
@@ -40,7 +40,7 @@ type speechRequest struct {
 
 // speechJob is a validated request.
 type speechJob struct {
-	req    instance.Request
+	req    tts.Request
 	model  string // as the client named it
 	format string
 	speed  float64 // applied to the audio by the router
@@ -101,7 +101,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
 	if m.Instructions {
 		job.req.Instructions = r.Instructions
 	} // else accepted and dropped: the model cannot follow them
@@ -229,7 +229,7 @@ var errCut = errors.New("synthesis failed mid-stream")
 // audioBody encodes a stream's chunks as the response body, chunk by chunk.
 type audioBody struct {
 	st      *stream
-	next    *instance.Chunk
+	next    *tts.Chunk
 	enc     audio.Encoder // writes into pending
 	sse     bool
 	chars   int
@@ -342,7 +342,7 @@ func (b *audioBody) Close() error {
 
 // stream carries one request's audio from an instance to the HTTP response.
 type stream struct {
-	chunks  chan instance.Chunk
+	chunks  chan tts.Chunk
 	err     error     // valid once chunks is closed
 	doneAt  time.Time // when synthesis ended, valid once chunks is closed
 	backend string    // the instance serving it, valid once a chunk arrived
@@ -350,8 +350,8 @@ type stream struct {
 
 // startStream runs req on the least-loaded ready backend. If that backend fails before any audio
 // reached the router, the request runs once more on another one, unseen by the client.
-func (s *Server) startStream(ctx context.Context, req instance.Request) *stream {
-	st := &stream{chunks: make(chan instance.Chunk, 4)}
+func (s *Server) startStream(ctx context.Context, req tts.Request) *stream {
+	st := &stream{chunks: make(chan tts.Chunk, 4)}
 	go func() {
 		defer close(st.chunks)
 		defer func() { st.doneAt = time.Now() }()
@@ -368,7 +368,7 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 			}
 			sent := false
 			st.backend = b.Name
-			err = b.Synth.Synthesize(ctx, req, func(c instance.Chunk) error {
+			err = b.Synth.Synthesize(ctx, req, func(c tts.Chunk) error {
 				select {
 				case st.chunks <- c:
 					sent = true
@@ -390,16 +390,16 @@ func (s *Server) startStream(ctx context.Context, req instance.Request) *stream 
 }
 
 func retryable(err error) bool {
-	var ie *instance.Error
+	var ie *tts.Error
 	if errors.As(err, &ie) {
-		return ie.Kind != instance.ErrInvalid
+		return ie.Kind != tts.ErrInvalid
 	}
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // synthError maps a failure before any audio to an HTTP error.
 func synthError(err error) *apiError {
-	var ie *instance.Error
+	var ie *tts.Error
 	switch {
 	case errors.Is(err, errQueueFull):
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", err.Error())
@@ -407,11 +407,11 @@ func synthError(err error) *apiError {
 		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
-	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:
 		return invalid("input", ie.Msg)
-	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", ie.Msg)
-	case errors.As(err, &ie) && ie.Kind == instance.ErrNotReady:
+	case errors.As(err, &ie) && ie.Kind == tts.ErrNotReady:
 		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", ie.Msg)
 	case err == nil:
 		return newError(fasthttp.StatusInternalServerError, "server_error", "no_audio", "the model produced no audio for this input")

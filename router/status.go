@@ -10,7 +10,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/voxmux/voxmux/instance/audio"
+	"github.com/voxmux/voxmux/router/audio"
 )
 
 // The status page: plain HTML, CSS and JS in router/status/, embedded in the binary and served

@@ -123,7 +123,7 @@ together() {
   local extra=${GROUP_EXTRA:-}
   if [ -n "${PROFILE:-}" ]; then
     mkdir -p "$(dirname "$PROFILE")"
-    extra="$extra, provider_options: {profile: $PROFILE}"
+    extra="$extra, engine: {profile: $PROFILE}"
   fi
   bigcfg together 127.0.0.1:8072 "  - {name: gpu0, gpus: [0]$extra}"
   "$bin" bench stages --config "$logs/together.yaml" --batch ${BATCHES:-1,16} --tokens ${TOKENS:-15,115} \
@@ -152,7 +152,7 @@ sweep() {
 
 # The same request to each export in $MODELS (model folders), one server after the other: prints
 # each one's audio difference from the first's (exports that should compute the same thing).
-# With OPTIONS (provider_options maps separated by ";", e.g. '{lm_cuda_graph: "off"};{lm_cuda_graph: "on"}'),
+# With OPTIONS (engine option maps separated by ";", e.g. '{lm_cuda_graph: "off"};{lm_cuda_graph: "on"}'),
 # each export is served once with each.
 compare() {
   local first="" text='The quick brown fox jumps over the lazy dog, and then it runs far away into the forest.'
@@ -162,7 +162,7 @@ compare() {
    for i in "${!sets[@]}"; do
     local name; name=$(basename "$m")
     [ ${#sets[@]} -gt 1 ] && name=$name-$i
-    BIG=$m bigcfg compare 127.0.0.1:8060 "  - {name: gpu0, gpus: [0], provider_options: ${sets[$i]}}"
+    BIG=$m bigcfg compare 127.0.0.1:8060 "  - {name: gpu0, gpus: [0], engine: ${sets[$i]}}"
     "$bin" serve --config "$logs/compare.yaml" > "$logs/compare-$name.log" 2>&1 &
     local pid=$!
     wait_ready http://127.0.0.1:8060 300 $pid || { echo "not ready: $m"; tail -20 "$logs/compare-$name.log"; kill $pid; return 1; }

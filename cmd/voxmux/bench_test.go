@@ -10,7 +10,7 @@ import (
 
 	"github.com/voxmux/voxmux/bench"
 	"github.com/voxmux/voxmux/config"
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/staged"
 )
 
 // `voxmux bench` against a real `voxmux serve` running the tiny model on the CPU.
@@ -103,7 +103,7 @@ func TestBenchStages(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
 	}
-	var res []instance.StageTiming
+	var res []staged.StageTiming
 	b, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestBenchStages(t *testing.T) {
 	}
 	// A shape the model cannot run (flow.max_batch_frames) is a row that says why.
 	var table bytes.Buffer
-	writeStages(&table, []instance.StageTiming{{Stage: "flow", Batch: 256, Tokens: 115, Skipped: "too large"}})
+	writeStages(&table, []staged.StageTiming{{Stage: "flow", Batch: 256, Tokens: 115, Skipped: "too large"}})
 	if got := table.String(); got != "| flow | 256 | 115 | skipped: too large | | | |\n" {
 		t.Errorf("skipped shape printed as %q", got)
 	}

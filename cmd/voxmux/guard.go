@@ -10,8 +10,8 @@ import (
 
 	"github.com/voxmux/voxmux/config"
 	"github.com/voxmux/voxmux/health"
-	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/router"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // guard connects GPU health to the groups: a group whose GPU turns unhealthy leaves rotation at
@@ -77,7 +77,7 @@ func (g *guard) recover(grp *router.Group) {
 		}
 		for _, b := range grp.Backends {
 			pctx, cancel := context.WithTimeout(ctx, time.Minute)
-			err := b.Synth.Synthesize(pctx, instance.Request{ID: "health-probe", Text: "Probe."}, func(instance.Chunk) error { return nil })
+			err := b.Synth.Synthesize(pctx, tts.Request{ID: "health-probe", Text: "Probe."}, func(tts.Chunk) error { return nil })
 			cancel()
 			if err != nil {
 				return err
@@ -101,7 +101,7 @@ func registrationStatus(pool *router.Pool) health.RegistrationStatus {
 	st := health.RegistrationStatus{Model: m.Name, Voices: m.Voices}
 	for _, g := range pool.Groups() {
 		s := g.State()
-		ready := s == instance.StateReady
+		ready := s == tts.StateReady
 		st.GroupsTotal++
 		if ready {
 			st.GroupsReady++

@@ -16,7 +16,7 @@ import (
 
 const pluginProtocol = plugin.ProtocolVersion
 
-func instanceCmd() *cobra.Command {
+func instanceCmd(families instance.Families) *cobra.Command {
 	return &cobra.Command{
 		Use:   "instance",
 		Short: "Run an inference instance (started by 'voxmux serve', not by hand)",
@@ -28,7 +28,7 @@ func instanceCmd() *cobra.Command {
 			}
 			slog.SetDefault(slog.New(instanceLogHandler(os.Stderr)))
 			go exitWithParent(os.Getppid())
-			svc := instance.NewService(os.Getenv)
+			svc := instance.NewService(families, os.Getenv)
 			defer svc.Close()
 			plugin.Serve(svc)
 			return nil

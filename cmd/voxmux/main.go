@@ -6,6 +6,9 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/piper"
+	"github.com/voxmux/voxmux/instance/staged"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -18,7 +21,9 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), instanceCmd(), ctlCmd(), gpusCmd(), benchCmd(nil), versionCmd())
+	// The model families this binary serves, in the order they claim a model's path.
+	families := instance.Families{piper.Family{}, staged.Family{}}
+	root.AddCommand(serveCmd(families), instanceCmd(families), ctlCmd(), gpusCmd(), benchCmd(nil), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "voxmux:", err)
 		os.Exit(1)

@@ -22,9 +22,10 @@ import (
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/plugin"
 	"github.com/voxmux/voxmux/router"
+	"github.com/voxmux/voxmux/tts"
 )
 
-func serveCmd() *cobra.Command {
+func serveCmd(families instance.Families) *cobra.Command {
 	var cfgPath, listen string
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -38,7 +39,7 @@ func serveCmd() *cobra.Command {
 			if listen != "" {
 				cfg.Listen = listen
 			}
-			return serve(cmd.Context(), cfg)
+			return serve(cmd.Context(), cfg, families)
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "configs/cpu.yaml", "config file")
@@ -46,9 +47,9 @@ func serveCmd() *cobra.Command {
 	return cmd
 }
 
-func serve(ctx context.Context, cfg *config.Config) error {
+func serve(ctx context.Context, cfg *config.Config, families instance.Families) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	model, err := instance.Describe(cfg.ModelPath())
+	model, err := families.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
 	}
@@ -225,7 +226,7 @@ func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
 		for i, m := range members {
 			chs[i] = m.Changed()
 			s := m.Status()
-			if s.State == instance.StateReady {
+			if s.State == tts.StateReady {
 				return nil
 			}
 			if s.Failures > 0 {
@@ -274,7 +275,7 @@ func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) p
 			HostEnv:    os.Environ(),
 			LogOutput:  os.Stderr,
 		},
-		Load: instance.LoadConfig{
+		Load: tts.LoadConfig{
 			Manifest:        cfg.ModelPath(),
 			Provider:        cfg.Provider,
 			ORTLibrary:      ortLib,
@@ -282,6 +283,7 @@ func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) p
 			MaxInflight:     g.MaxInflight,
 			Placement:       g.Placement,
 			GPUMemoryLimit:  g.GPUMemoryLimit,
+			Engine:          g.Engine,
 		},
 	}
 }

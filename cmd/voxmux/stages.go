@@ -11,7 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/voxmux/voxmux/config"
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/staged"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // stagesCmd is `voxmux bench stages`: each batched stage of the configured model timed alone, in
@@ -63,7 +64,7 @@ func stagesCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			p, err := instance.LoadPipeline(stagesLoad(cfg, g, ortLib, batches))
+			p, err := staged.LoadPipeline(stagesLoad(cfg, g, ortLib, batches))
 			if err != nil {
 				return err
 			}
@@ -76,7 +77,7 @@ func stagesCmd() *cobra.Command {
 			fmt.Fprintf(w, "# Stages of %s, each alone (%s; %s)\n\n", cfg.ModelPath(), cfg.Provider, how)
 			fmt.Fprintln(w, "| stage | batch | tokens | ms per run | median ms | fastest ms | audio s per s |")
 			fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|")
-			res, err := p.ProfileStages(instance.StageProfile{Batches: batches, Tokens: tokens, Runs: runs, Together: together, Vary: vary}, func(t instance.StageTiming) {
+			res, err := p.ProfileStages(staged.StageProfile{Batches: batches, Tokens: tokens, Runs: runs, Together: together, Vary: vary}, func(t staged.StageTiming) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "timing %s: batch %d × %d tokens ...\n", t.Stage, t.Batch, t.Tokens)
 			})
 			writeStages(w, res)
@@ -104,7 +105,7 @@ func stagesCmd() *cobra.Command {
 // stagesLoad is what bench stages loads for group g: the group's pipeline on this process's one
 // device, with room for the largest batch. The LM's CUDA graphs hold one sequence per request
 // the instance takes at once (max_inflight, 16 unless set), and a timing of 32 rows needs 32.
-func stagesLoad(cfg *config.Config, g config.Group, ortLib string, batches []int) instance.LoadConfig {
+func stagesLoad(cfg *config.Config, g config.Group, ortLib string, batches []int) tts.LoadConfig {
 	load := memberSpec(cfg, g, 0, "", ortLib).Load
 	load.Placement = "" // one device: this process
 	if len(batches) > 0 {
@@ -113,7 +114,7 @@ func stagesLoad(cfg *config.Config, g config.Group, ortLib string, batches []int
 	return load
 }
 
-func writeStages(w io.Writer, res []instance.StageTiming) {
+func writeStages(w io.Writer, res []staged.StageTiming) {
 	for _, t := range res {
 		stage := t.Stage
 		if t.Together {

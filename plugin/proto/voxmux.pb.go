@@ -10,11 +10,12 @@
 package proto
 
 import (
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
+
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -26,13 +27,14 @@ const (
 
 type LoadRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
-	Manifest        string                 `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`                       // path of the pipeline manifest
-	Provider        string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`                       // "cpu" or "cuda"
-	OrtLibrary      string                 `protobuf:"bytes,3,opt,name=ort_library,json=ortLibrary,proto3" json:"ort_library,omitempty"` // path of libonnxruntime.so
-	ProviderOptions map[string]string      `protobuf:"bytes,4,rep,name=provider_options,json=providerOptions,proto3" json:"provider_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Manifest        string                 `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`                                                                                                                // path of the pipeline manifest
+	Provider        string                 `protobuf:"bytes,2,opt,name=provider,proto3" json:"provider,omitempty"`                                                                                                                // "cpu" or "cuda"
+	OrtLibrary      string                 `protobuf:"bytes,3,opt,name=ort_library,json=ortLibrary,proto3" json:"ort_library,omitempty"`                                                                                          // path of libonnxruntime.so
+	ProviderOptions map[string]string      `protobuf:"bytes,4,rep,name=provider_options,json=providerOptions,proto3" json:"provider_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // ONNX Runtime's execution provider options
 	MaxInflight     uint32                 `protobuf:"varint,5,opt,name=max_inflight,json=maxInflight,proto3" json:"max_inflight,omitempty"`
 	Placement       string                 `protobuf:"bytes,6,opt,name=placement,proto3" json:"placement,omitempty"`                                   // "replicated" or "split"
 	GpuMemoryLimit  string                 `protobuf:"bytes,7,opt,name=gpu_memory_limit,json=gpuMemoryLimit,proto3" json:"gpu_memory_limit,omitempty"` // bytes ("8GiB") or a fraction of the device ("0.4")
+	Engine          *EngineOptions         `protobuf:"bytes,8,opt,name=engine,proto3" json:"engine,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -116,15 +118,134 @@ func (x *LoadRequest) GetGpuMemoryLimit() string {
 	return ""
 }
 
+func (x *LoadRequest) GetEngine() *EngineOptions {
+	if x != nil {
+		return x.Engine
+	}
+	return nil
+}
+
+// The engine's own switches (tts.EngineOptions; docs/operations.md), checked when the config loads.
+type EngineOptions struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	VocoderBatches    []int32                `protobuf:"varint,1,rep,packed,name=vocoder_batches,json=vocoderBatches,proto3" json:"vocoder_batches,omitempty"`
+	VocoderBatchesSet bool                   `protobuf:"varint,2,opt,name=vocoder_batches_set,json=vocoderBatchesSet,proto3" json:"vocoder_batches_set,omitempty"` // tells an empty vocoder_batches from an unset one
+	VocoderWindow     int32                  `protobuf:"varint,3,opt,name=vocoder_window,json=vocoderWindow,proto3" json:"vocoder_window,omitempty"`
+	Profile           string                 `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
+	LmStreamPriority  string                 `protobuf:"bytes,5,opt,name=lm_stream_priority,json=lmStreamPriority,proto3" json:"lm_stream_priority,omitempty"`
+	LmCudaGraph       string                 `protobuf:"bytes,6,opt,name=lm_cuda_graph,json=lmCudaGraph,proto3" json:"lm_cuda_graph,omitempty"`
+	FlowCudaGraph     string                 `protobuf:"bytes,7,opt,name=flow_cuda_graph,json=flowCudaGraph,proto3" json:"flow_cuda_graph,omitempty"`
+	FlowWorkers       int32                  `protobuf:"varint,8,opt,name=flow_workers,json=flowWorkers,proto3" json:"flow_workers,omitempty"`
+	FlowFirstWorker   string                 `protobuf:"bytes,9,opt,name=flow_first_worker,json=flowFirstWorker,proto3" json:"flow_first_worker,omitempty"`
+	IntraOpNumThreads int32                  `protobuf:"varint,10,opt,name=intra_op_num_threads,json=intraOpNumThreads,proto3" json:"intra_op_num_threads,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *EngineOptions) Reset() {
+	*x = EngineOptions{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EngineOptions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EngineOptions) ProtoMessage() {}
+
+func (x *EngineOptions) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EngineOptions.ProtoReflect.Descriptor instead.
+func (*EngineOptions) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *EngineOptions) GetVocoderBatches() []int32 {
+	if x != nil {
+		return x.VocoderBatches
+	}
+	return nil
+}
+
+func (x *EngineOptions) GetVocoderBatchesSet() bool {
+	if x != nil {
+		return x.VocoderBatchesSet
+	}
+	return false
+}
+
+func (x *EngineOptions) GetVocoderWindow() int32 {
+	if x != nil {
+		return x.VocoderWindow
+	}
+	return 0
+}
+
+func (x *EngineOptions) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
+}
+
+func (x *EngineOptions) GetLmStreamPriority() string {
+	if x != nil {
+		return x.LmStreamPriority
+	}
+	return ""
+}
+
+func (x *EngineOptions) GetLmCudaGraph() string {
+	if x != nil {
+		return x.LmCudaGraph
+	}
+	return ""
+}
+
+func (x *EngineOptions) GetFlowCudaGraph() string {
+	if x != nil {
+		return x.FlowCudaGraph
+	}
+	return ""
+}
+
+func (x *EngineOptions) GetFlowWorkers() int32 {
+	if x != nil {
+		return x.FlowWorkers
+	}
+	return 0
+}
+
+func (x *EngineOptions) GetFlowFirstWorker() string {
+	if x != nil {
+		return x.FlowFirstWorker
+	}
+	return ""
+}
+
+func (x *EngineOptions) GetIntraOpNumThreads() int32 {
+	if x != nil {
+		return x.IntraOpNumThreads
+	}
+	return 0
+}
+
 type LoadResponse struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Model      string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
-	SampleRate uint32                 `protobuf:"varint,2,opt,name=sample_rate,json=sampleRate,proto3" json:"sample_rate,omitempty"`
-	Voices     []string               `protobuf:"bytes,3,rep,name=voices,proto3" json:"voices,omitempty"`
-	Provider   string                 `protobuf:"bytes,4,opt,name=provider,proto3" json:"provider,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
 	// What the instance process saw, so the router can show and check placement.
 	CudaVisibleDevices string `protobuf:"bytes,5,opt,name=cuda_visible_devices,json=cudaVisibleDevices,proto3" json:"cuda_visible_devices,omitempty"`
-	Pid                int32  `protobuf:"varint,6,opt,name=pid,proto3" json:"pid,omitempty"`
 	Gpus               []*Gpu `protobuf:"bytes,7,rep,name=gpus,proto3" json:"gpus,omitempty"`
 	unknownFields      protoimpl.UnknownFields
 	sizeCache          protoimpl.SizeCache
@@ -132,7 +253,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -144,7 +265,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -157,35 +278,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{1}
-}
-
-func (x *LoadResponse) GetModel() string {
-	if x != nil {
-		return x.Model
-	}
-	return ""
-}
-
-func (x *LoadResponse) GetSampleRate() uint32 {
-	if x != nil {
-		return x.SampleRate
-	}
-	return 0
-}
-
-func (x *LoadResponse) GetVoices() []string {
-	if x != nil {
-		return x.Voices
-	}
-	return nil
-}
-
-func (x *LoadResponse) GetProvider() string {
-	if x != nil {
-		return x.Provider
-	}
-	return ""
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LoadResponse) GetCudaVisibleDevices() string {
@@ -193,13 +286,6 @@ func (x *LoadResponse) GetCudaVisibleDevices() string {
 		return x.CudaVisibleDevices
 	}
 	return ""
-}
-
-func (x *LoadResponse) GetPid() int32 {
-	if x != nil {
-		return x.Pid
-	}
-	return 0
 }
 
 func (x *LoadResponse) GetGpus() []*Gpu {
@@ -222,7 +308,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +320,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +333,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Gpu) GetIndex() uint32 {
@@ -293,7 +379,7 @@ type SynthesizeRequest struct {
 
 func (x *SynthesizeRequest) Reset() {
 	*x = SynthesizeRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +391,7 @@ func (x *SynthesizeRequest) String() string {
 func (*SynthesizeRequest) ProtoMessage() {}
 
 func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +404,7 @@ func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SynthesizeRequest.ProtoReflect.Descriptor instead.
 func (*SynthesizeRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SynthesizeRequest) GetRequestId() string {
@@ -374,7 +460,7 @@ type AudioChunk struct {
 
 func (x *AudioChunk) Reset() {
 	*x = AudioChunk{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -386,7 +472,7 @@ func (x *AudioChunk) String() string {
 func (*AudioChunk) ProtoMessage() {}
 
 func (x *AudioChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -399,7 +485,7 @@ func (x *AudioChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AudioChunk.ProtoReflect.Descriptor instead.
 func (*AudioChunk) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AudioChunk) GetPcmF32Le() []byte {
@@ -431,7 +517,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -443,7 +529,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -456,7 +542,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
 }
 
 type HealthResponse struct {
@@ -472,7 +558,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +570,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +583,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HealthResponse) GetReady() bool {
@@ -541,7 +627,7 @@ type StageStats struct {
 
 func (x *StageStats) Reset() {
 	*x = StageStats{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -553,7 +639,7 @@ func (x *StageStats) String() string {
 func (*StageStats) ProtoMessage() {}
 
 func (x *StageStats) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -566,7 +652,7 @@ func (x *StageStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageStats.ProtoReflect.Descriptor instead.
 func (*StageStats) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StageStats) GetStage() string {
@@ -608,7 +694,7 @@ var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\n" +
-	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"\xf4\x02\n" +
+	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"\xad\x03\n" +
 	"\vLoadRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
@@ -617,19 +703,26 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x10provider_options\x18\x04 \x03(\v22.voxmux.plugin.v1.LoadRequest.ProviderOptionsEntryR\x0fproviderOptions\x12!\n" +
 	"\fmax_inflight\x18\x05 \x01(\rR\vmaxInflight\x12\x1c\n" +
 	"\tplacement\x18\x06 \x01(\tR\tplacement\x12(\n" +
-	"\x10gpu_memory_limit\x18\a \x01(\tR\x0egpuMemoryLimit\x1aB\n" +
+	"\x10gpu_memory_limit\x18\a \x01(\tR\x0egpuMemoryLimit\x127\n" +
+	"\x06engine\x18\b \x01(\v2\x1f.voxmux.plugin.v1.EngineOptionsR\x06engine\x1aB\n" +
 	"\x14ProviderOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x01\n" +
-	"\fLoadResponse\x12\x14\n" +
-	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1f\n" +
-	"\vsample_rate\x18\x02 \x01(\rR\n" +
-	"sampleRate\x12\x16\n" +
-	"\x06voices\x18\x03 \x03(\tR\x06voices\x12\x1a\n" +
-	"\bprovider\x18\x04 \x01(\tR\bprovider\x120\n" +
-	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12\x10\n" +
-	"\x03pid\x18\x06 \x01(\x05R\x03pid\x12)\n" +
-	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpus\"f\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x03\n" +
+	"\rEngineOptions\x12'\n" +
+	"\x0fvocoder_batches\x18\x01 \x03(\x05R\x0evocoderBatches\x12.\n" +
+	"\x13vocoder_batches_set\x18\x02 \x01(\bR\x11vocoderBatchesSet\x12%\n" +
+	"\x0evocoder_window\x18\x03 \x01(\x05R\rvocoderWindow\x12\x18\n" +
+	"\aprofile\x18\x04 \x01(\tR\aprofile\x12,\n" +
+	"\x12lm_stream_priority\x18\x05 \x01(\tR\x10lmStreamPriority\x12\"\n" +
+	"\rlm_cuda_graph\x18\x06 \x01(\tR\vlmCudaGraph\x12&\n" +
+	"\x0fflow_cuda_graph\x18\a \x01(\tR\rflowCudaGraph\x12!\n" +
+	"\fflow_workers\x18\b \x01(\x05R\vflowWorkers\x12*\n" +
+	"\x11flow_first_worker\x18\t \x01(\tR\x0fflowFirstWorker\x12/\n" +
+	"\x14intra_op_num_threads\x18\n" +
+	" \x01(\x05R\x11intraOpNumThreads\"\xb4\x01\n" +
+	"\fLoadResponse\x120\n" +
+	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12)\n" +
+	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpusJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x06\x10\aR\x05modelR\vsample_rateR\x06voicesR\bproviderR\x03pid\"f\n" +
 	"\x03Gpu\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
@@ -680,33 +773,35 @@ func file_plugin_proto_voxmux_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_voxmux_proto_rawDescData
 }
 
-var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*LoadRequest)(nil),       // 0: voxmux.plugin.v1.LoadRequest
-	(*LoadResponse)(nil),      // 1: voxmux.plugin.v1.LoadResponse
-	(*Gpu)(nil),               // 2: voxmux.plugin.v1.Gpu
-	(*SynthesizeRequest)(nil), // 3: voxmux.plugin.v1.SynthesizeRequest
-	(*AudioChunk)(nil),        // 4: voxmux.plugin.v1.AudioChunk
-	(*HealthRequest)(nil),     // 5: voxmux.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),    // 6: voxmux.plugin.v1.HealthResponse
-	(*StageStats)(nil),        // 7: voxmux.plugin.v1.StageStats
-	nil,                       // 8: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	(*EngineOptions)(nil),     // 1: voxmux.plugin.v1.EngineOptions
+	(*LoadResponse)(nil),      // 2: voxmux.plugin.v1.LoadResponse
+	(*Gpu)(nil),               // 3: voxmux.plugin.v1.Gpu
+	(*SynthesizeRequest)(nil), // 4: voxmux.plugin.v1.SynthesizeRequest
+	(*AudioChunk)(nil),        // 5: voxmux.plugin.v1.AudioChunk
+	(*HealthRequest)(nil),     // 6: voxmux.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),    // 7: voxmux.plugin.v1.HealthResponse
+	(*StageStats)(nil),        // 8: voxmux.plugin.v1.StageStats
+	nil,                       // 9: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
-	8, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
-	2, // 1: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
-	7, // 2: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
-	0, // 3: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
-	3, // 4: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
-	5, // 5: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
-	1, // 6: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
-	4, // 7: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
-	6, // 8: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	9, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	1, // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
+	3, // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
+	8, // 3: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
+	0, // 4: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
+	4, // 5: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
+	6, // 6: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
+	2, // 7: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
+	5, // 8: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
+	7, // 9: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_voxmux_proto_init() }
@@ -720,7 +815,7 @@ func file_plugin_proto_voxmux_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_voxmux_proto_rawDesc), len(file_plugin_proto_voxmux_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

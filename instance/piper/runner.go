@@ -1,0 +1,308 @@
+package piper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/voxmux/voxmux/tts"
+
+	onnxrt "github.com/yalue/onnxruntime_go"
+
+	"github.com/voxmux/voxmux/instance/espeak"
+	"github.com/voxmux/voxmux/instance/ort"
+)
+
+// PiperRunner synthesizes with Piper (VITS) voices: text → sentences → espeak-ng phonemes → ids
+// → one graph run per sentence, each sentence's audio emitted before the next is synthesized.
+// Concurrent requests share a voice's session: ONNX Runtime runs one session from many goroutines
+// at once, which measured faster than taking turns (docs/piper.md).
+type PiperRunner struct {
+	m     *piperModel
+	rt    *ort.Runtime
+	ph    *espeak.Phonemizer
+	cache *sessionCache
+}
+
+// openPiper checks the voices, starts espeak-ng and prepares ONNX Runtime; sessions are loaded
+// on a voice's first request.
+func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
+	m, err := loadPiperModel(cfg.Manifest)
+	if err != nil {
+		return nil, tts.Description{}, err
+	}
+	dataDir, err := espeak.FindData(m.ESpeakData)
+	if err != nil {
+		return nil, tts.Description{}, fmt.Errorf("piper model %s: %w", cfg.Manifest, err)
+	}
+	ph, err := espeak.Open(dataDir)
+	if err != nil {
+		return nil, tts.Description{}, fmt.Errorf("piper model %s: %w", cfg.Manifest, err)
+	}
+	for _, f := range m.Files {
+		if err := ph.CheckVoice(f.Config.ESpeak.Voice); err != nil {
+			return nil, tts.Description{}, fmt.Errorf("piper voice config %s: espeak.voice: %w", f.ConfigPath, err)
+		}
+	}
+	// On CUDA the runtime's default cuDNN search (a fixed algorithm) suits sentences of every
+	// length; see ort.New.
+	rt, err := ort.New(cfg, 0) // voices run on the group's first GPU
+	if err != nil {
+		return nil, tts.Description{}, err
+	}
+	r := &PiperRunner{m: m, rt: rt, ph: ph}
+	r.cache = newSessionCache(m.MaxLoaded, r.load)
+	return r, m.description(), nil
+}
+
+func (r *PiperRunner) load(f *piperFile) (*onnxrt.DynamicAdvancedSession, error) {
+	in := []string{"input", "input_lengths", "scales"}
+	if f.HasSID {
+		in = append(in, "sid")
+	}
+	s, err := r.rt.Session("piper", f.Path, in, []string{"output"})
+	if err != nil {
+		return nil, fmt.Errorf("piper voice: %w", err)
+	}
+	return s, nil
+}
+
+// Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
+// the voice's length_scale.
+func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	v, ok := r.m.voice(req.Voice)
+	if !ok {
+		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("voice %q is not one of this model's voices", req.Voice)}
+	}
+	if strings.TrimSpace(req.Text) == "" {
+		return tts.ErrEmptyText
+	}
+	sents, err := v.File.sentences(r.ph, req.Text)
+	if err != nil {
+		return fmt.Errorf("phonemize: %w", err)
+	}
+	if len(sents) == 0 {
+		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("espeak-ng found nothing to pronounce in the input for voice %s (espeak voice %s): it has no words it can read, e.g. only emoji or symbols", v.Name, v.File.Config.ESpeak.Voice)}
+	}
+	scales := v.File.scales
+	if req.Speed > 0 {
+		scales[1] /= req.Speed
+	}
+	sess, release, err := r.cache.acquire(v.File)
+	if err != nil {
+		return err
+	}
+	defer release()
+	rate := v.File.Config.Audio.SampleRate
+	silence := int(math.Round(r.m.SentenceSilence * float64(rate)))
+	for i, s := range sents {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		pcm, err := runPiper(sess, s.IDs, scales, v)
+		if err != nil {
+			return err
+		}
+		normalizePeak(pcm)
+		if i < len(sents)-1 && silence > 0 {
+			pcm = append(pcm, make([]float32, silence)...)
+		}
+		if err := emit(tts.Chunk{PCM: pcm, SampleRate: rate, Index: i}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runPiper(sess *onnxrt.DynamicAdvancedSession, ids []int64, scales [3]float32, v piperVoice) ([]float32, error) {
+	var vals []onnxrt.Value
+	defer func() { ort.Destroy(vals) }()
+	add := func(v onnxrt.Value, err error) error {
+		if err != nil {
+			return err
+		}
+		vals = append(vals, v)
+		return nil
+	}
+	errs := []error{
+		add(onnxrt.NewTensor(onnxrt.NewShape(1, int64(len(ids))), ids)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(1), []int64{int64(len(ids))})),
+		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
+	}
+	if v.File.HasSID {
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(1), []int64{v.Speaker})))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("piper inputs: %w", err)
+	}
+	outs := []onnxrt.Value{nil}
+	err := sess.Run(vals, outs)
+	defer ort.Destroy(outs)
+	if err != nil {
+		return nil, fmt.Errorf("piper voice %s: %w", v.File.Stem, err)
+	}
+	audio, err := ort.Floats(outs[0])
+	if err != nil {
+		return nil, fmt.Errorf("piper voice %s: %w", v.File.Stem, err)
+	}
+	// [1, 1, 1, T] from Piper's export, [1, T] or [1, 1, T] from others: batch 1 is the audio.
+	return append([]float32(nil), audio...), nil
+}
+
+// normalizePeak scales a sentence's audio to full range, as Piper does (its C++ divides by the
+// peak, at least 0.01, so near-silence is not blown up; piper1-gpl does the same by default).
+func normalizePeak(pcm []float32) {
+	var peak float32 = 0.01
+	for _, x := range pcm {
+		peak = max(peak, float32(math.Abs(float64(x))))
+	}
+	g := 1 / peak
+	for i, x := range pcm {
+		pcm[i] = min(1, max(-1, x*g))
+	}
+}
+
+// Voices lists the model's voice names, as Description does.
+func (r *PiperRunner) Voices() []string { return r.m.description().Voices }
+
+// Loaded lists the voice files whose sessions are loaded now (least recently used first).
+func (r *PiperRunner) Loaded() []string { return r.cache.loaded() }
+
+// Close frees every session; requests still running fail.
+func (r *PiperRunner) Close() error {
+	err := r.cache.close()
+	r.rt.Close()
+	return err
+}
+
+// sessionCache keeps the sessions of at most max voice files, loading each on first use and
+// unloading the least recently used one that no request is using when over the bound. A session
+// in use is never unloaded, so the bound can be passed while more voices than that are in use.
+type sessionCache struct {
+	mu      sync.Mutex
+	max     int
+	load    func(*piperFile) (*onnxrt.DynamicAdvancedSession, error)
+	entries map[*piperFile]*cacheEntry
+	clock   uint64
+	closed  bool
+}
+
+type cacheEntry struct {
+	f       *piperFile
+	sess    *onnxrt.DynamicAdvancedSession
+	err     error
+	ready   chan struct{} // closed once loaded (or failed)
+	refs    int
+	lastUse uint64
+}
+
+func newSessionCache(max int, load func(*piperFile) (*onnxrt.DynamicAdvancedSession, error)) *sessionCache {
+	return &sessionCache{max: max, load: load, entries: map[*piperFile]*cacheEntry{}}
+}
+
+// acquire returns f's session, loading it if needed; release must be called when done with it.
+func (c *sessionCache) acquire(f *piperFile) (*onnxrt.DynamicAdvancedSession, func(), error) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, nil, &tts.Error{Kind: tts.ErrNotReady, Msg: "instance is shutting down"}
+	}
+	e, ok := c.entries[f]
+	if !ok {
+		e = &cacheEntry{f: f, ready: make(chan struct{})}
+		c.entries[f] = e
+	}
+	e.refs++
+	c.mu.Unlock()
+	if !ok {
+		// Loaded outside the lock, so requests for loaded voices go on meanwhile; requests for this
+		// voice wait on ready.
+		s, err := c.load(f)
+		c.mu.Lock()
+		e.sess, e.err = s, err
+		if err != nil {
+			delete(c.entries, f) // the next request tries again
+		}
+		close(e.ready)
+		c.mu.Unlock()
+	}
+	<-e.ready
+	release := func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		e.refs--
+		c.clock++
+		e.lastUse = c.clock
+		if c.closed && e.refs == 0 && e.sess != nil {
+			_ = e.sess.Destroy() // the last request on a closed cache frees the session
+			e.sess = nil
+			return
+		}
+		c.evictLocked()
+	}
+	if e.err != nil {
+		release()
+		return nil, nil, e.err
+	}
+	return e.sess, release, nil
+}
+
+// evictLocked unloads idle sessions, least recently used first, while more than max are loaded.
+func (c *sessionCache) evictLocked() {
+	for {
+		n := 0
+		var victim *cacheEntry
+		for _, e := range c.entries {
+			if e.sess == nil {
+				continue
+			}
+			n++
+			if e.refs == 0 && (victim == nil || e.lastUse < victim.lastUse) {
+				victim = e
+			}
+		}
+		if n <= c.max || victim == nil {
+			return
+		}
+		delete(c.entries, victim.f)
+		_ = victim.sess.Destroy()
+	}
+}
+
+func (c *sessionCache) loaded() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var es []*cacheEntry
+	for _, e := range c.entries {
+		if e.sess != nil {
+			es = append(es, e)
+		}
+	}
+	slices.SortFunc(es, func(a, b *cacheEntry) int { return cmp.Compare(a.lastUse, b.lastUse) })
+	out := make([]string, len(es))
+	for i, e := range es {
+		out[i] = e.f.Stem
+	}
+	return out
+}
+
+// close frees the idle sessions; one in use is freed when its last request releases it.
+func (c *sessionCache) close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	var errs []error
+	for f, e := range c.entries {
+		if e.sess != nil && e.refs == 0 {
+			errs = append(errs, e.sess.Destroy())
+			e.sess = nil
+		}
+		delete(c.entries, f)
+	}
+	return errors.Join(errs...)
+}

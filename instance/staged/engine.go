@@ -1,0 +1,706 @@
+package staged
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// Engine runs many requests through one Pipeline at once, batching every stage across them:
+// one LM loop decodes all active sequences in a single run per step (sequences join and leave
+// between steps), and the flow and vocoder workers each run every chunk that is waiting for them
+// in one call. The three run concurrently, so while the LM decodes, earlier chunks are turned into
+// audio.
+type Engine struct {
+	p        *Pipeline
+	arrivals chan *stream
+	// Frame budgets of one flow and one vocoder batch.
+	flowFrames, vocFrames int
+	// Largest ratio of item lengths within one flow or vocoder batch (0: any mix). Items are
+	// padded to the longest, so a first chunk of 30 frames batched with chunks of 230 would cost
+	// 230; grouping by length keeps the padding below a third and lets short first chunks run
+	// in small, fast batches of their own.
+	spread float64
+	flowQ  *engine.Queue[*flowItem]
+	vocQ   *engine.Queue[*vocItem]
+	done   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+	stats  *engine.Counters
+	// Where each request's first audio spent its time (FirstAudio).
+	firstMu    sync.Mutex
+	firstAudio []FirstAudio
+}
+
+// The engine's batched stages, in StageStats' names.
+const (
+	stageLMPrefill = iota
+	stageLMDecode
+	stageFlow
+	stageVocoder
+	numStages
+)
+
+var stageNames = []string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+
+// Stats counts each stage's batches and the items they carried since the engine started.
+func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
+
+// NewEngine starts the engine's loops over p.
+func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowFrames(p.m), 16384) }
+
+// newEngine is NewEngine with the flow's and the vocoder's frame budgets per batch.
+func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
+	e := &Engine{
+		p:          p,
+		arrivals:   make(chan *stream),
+		flowFrames: flowFrames,
+		vocFrames:  vocFrames,
+		spread:     1.3,
+		flowQ:      engine.NewQueue[*flowItem](),
+		vocQ:       engine.NewQueue[*vocItem](),
+		done:       make(chan struct{}),
+		stats:      engine.NewCounters(stageNames...),
+	}
+	e.wg.Add(3)
+	go e.lmLoop()
+	go e.flowLoop()
+	go e.vocoderLoop()
+	return e
+}
+
+// Close stops the loops (requests still running fail) and frees the pipeline.
+func (e *Engine) Close() error {
+	var err error
+	e.once.Do(func() {
+		close(e.done)
+		e.flowQ.Close()
+		e.vocQ.Close()
+		e.wg.Wait()
+		err = e.p.Close()
+	})
+	return err
+}
+
+// Synthesize runs req and calls emit with each audio chunk in order. It returns when the audio is
+// complete, emit fails, or ctx ends.
+func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	if req.Text == "" {
+		return tts.ErrEmptyText
+	}
+	if !utf8.ValidString(req.Text) {
+		return errors.New("text is not valid UTF-8")
+	}
+	s := e.newStream(ctx, req)
+	defer s.cancel()
+	if lim := e.p.lm.limit(); lim > 0 {
+		// The LM's cache holds the prompt and every speech token but the last.
+		if len(s.prompt)+s.minTok > lim {
+			return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("text is too long for model %s: its %d prompt tokens and at least %d speech tokens need more than the LM's %d positions (lm.max_positions)", e.p.m.Name, len(s.prompt), s.minTok, lim)}
+		}
+		s.maxTok = min(s.maxTok, lim-len(s.prompt))
+	}
+	s.marks[markArrived] = time.Now()
+	select {
+	case e.arrivals <- s:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.done:
+		return errors.New("engine is shut down")
+	}
+	for {
+		chunks, closed, err := s.take()
+		for _, c := range chunks {
+			if err := s.ctx.Err(); err != nil {
+				return err // cancelled while several chunks were waiting: emit no more
+			}
+			if err := emit(c); err != nil {
+				return err
+			}
+		}
+		if closed {
+			return err
+		}
+		select {
+		case <-s.notify:
+		case <-s.ctx.Done():
+			return s.ctx.Err()
+		}
+	}
+}
+
+// stream is one request moving through the engine.
+type stream struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	req    tts.Request
+	prompt []int64
+
+	// Owned by the LM loop.
+	row            *lmRow
+	tokens         []int64
+	minTok, maxTok int
+	flowed         int // tokens already handed to the flow
+	chunk          int // index of the next chunk
+
+	// Owned by the flow loop: the previous chunk's mel, the vocoder's left context.
+	prevMel    []float32
+	prevFrames int
+
+	// When the first audio passed each mark, written by the loop the stream is in at the time.
+	marks [numMarks]time.Time
+
+	// Output, handed from the vocoder loop to Synthesize.
+	mu     sync.Mutex
+	out    []tts.Chunk
+	next   int
+	closed bool
+	err    error
+	notify chan struct{}
+}
+
+func (e *Engine) newStream(ctx context.Context, req tts.Request) *stream {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &stream{ctx: ctx, cancel: cancel, req: req, notify: make(chan struct{}, 1)}
+	s.prompt = e.p.m.Tokenize(req.Text)
+	s.minTok, s.maxTok = e.p.m.TokenBounds(req.Text)
+	return s
+}
+
+func (s *stream) push(pcm []float32, rate int) {
+	s.mu.Lock()
+	s.out = append(s.out, tts.Chunk{PCM: pcm, SampleRate: rate, Index: s.next})
+	s.next++
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *stream) finish(err error) {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed, s.err = true, err
+	}
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *stream) take() ([]tts.Chunk, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.out
+	s.out = nil
+	return out, s.closed, s.err
+}
+
+func (s *stream) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+// The marks on a request's way to its first audio.
+const (
+	markArrived = iota // handed to the LM loop
+	markPrefill        // prompt prefilled
+	markQueued         // first chunk of speech tokens handed to the flow
+	markMel            // first chunk's mel handed to the vocoder
+	numMarks
+)
+
+// FirstAudio is where one request's first audio spent its time: waiting for the LM loop and
+// prefilling its prompt, decoding the first chunk's speech tokens, waiting for and running the
+// flow, waiting for and running the vocoder.
+type FirstAudio struct {
+	Prefill, Decode, Flow, Vocoder time.Duration
+}
+
+// FirstAudio returns what requests' first audio spent its time on since the last call.
+func (e *Engine) FirstAudio() []FirstAudio {
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	out := e.firstAudio
+	e.firstAudio = nil
+	return out
+}
+
+// firstAudioOut records s's first audio, which leaves now.
+func (e *Engine) firstAudioOut(s *stream) {
+	m := s.marks
+	f := FirstAudio{Prefill: m[markPrefill].Sub(m[markArrived]), Decode: m[markQueued].Sub(m[markPrefill]),
+		Flow: m[markMel].Sub(m[markQueued]), Vocoder: time.Since(m[markMel])}
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	if len(e.firstAudio) < 100000 { // nobody reading: keep memory bounded
+		e.firstAudio = append(e.firstAudio, f)
+	}
+}
+
+type flowItem struct {
+	s          *stream
+	queued     time.Time
+	tokens     []int64 // context + chunk
+	ctxTokens  int
+	firstToken int // index of tokens[0] in the stream
+	first      bool
+	last       bool
+}
+
+type vocItem struct {
+	s         *stream
+	queued    time.Time
+	mel       []float32 // channel-major, context + chunk frames
+	ctxFrames int
+	first     bool
+	last      bool
+}
+
+func (e *Engine) lmLoop() {
+	defer e.wg.Done()
+	dec := e.p.lm
+	defer dec.release()
+	var active []*stream
+	fail := func(err error) {
+		for _, s := range active {
+			s.finish(err)
+		}
+		active = nil
+		dec.release()
+	}
+	for {
+		var fresh []*stream
+		if len(active) == 0 {
+			select {
+			case s := <-e.arrivals:
+				fresh = append(fresh, s)
+			case <-e.done:
+				return
+			}
+		}
+	drain:
+		for {
+			select {
+			case s := <-e.arrivals:
+				fresh = append(fresh, s)
+			case <-e.done:
+				fail(errors.New("engine is shut down"))
+				for _, s := range fresh {
+					s.finish(errors.New("engine is shut down"))
+				}
+				return
+			default:
+				break drain
+			}
+		}
+		// One decode step for every active stream, in one run.
+		live := active[:0]
+		for _, s := range active {
+			if s.ctx.Err() != nil {
+				s.finish(s.ctx.Err())
+				dec.leave(s.row)
+				continue
+			}
+			live = append(live, s)
+		}
+		active = live
+		if len(active) > 0 {
+			rows := make([]*lmRow, len(active))
+			tokens := make([]int64, len(active))
+			for i, s := range active {
+				rows[i] = s.row
+				tokens[i] = s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset
+			}
+			t0 := time.Now()
+			logits, err := dec.step(rows, tokens)
+			e.stats.Count(stageLMDecode, len(rows), t0)
+			if err != nil {
+				fail(err)
+			} else {
+				next := active[:0]
+				for i, s := range active {
+					if e.advance(s, logits[i]) {
+						next = append(next, s)
+					} else {
+						dec.leave(s.row)
+					}
+				}
+				active = next
+			}
+		}
+		// New streams are prefilled and join the batch for the next step, so arrivals never hold
+		// the running streams back by more than one round of prefills.
+		for _, group := range prefillGroups(fresh, dec.prefillRows()) {
+			prompts := make([][]int64, len(group))
+			arrived := make([]time.Time, len(group))
+			for i, s := range group {
+				prompts[i], arrived[i] = s.prompt, s.marks[markArrived]
+			}
+			t0 := time.Now()
+			e.stats.Waited(stageLMPrefill, t0, arrived...)
+			rows, logits, err := dec.join(prompts)
+			e.stats.Count(stageLMPrefill, len(prompts), t0)
+			for i, s := range group {
+				s.marks[markPrefill] = time.Now()
+				switch {
+				case err != nil:
+					s.finish(err)
+				case e.advance(s, logits[i]):
+					s.row = rows[i]
+					active = append(active, s)
+				default:
+					dec.leave(rows[i])
+				}
+			}
+		}
+		if err := dec.compact(); err != nil {
+			fail(err)
+		}
+	}
+}
+
+// prefillGroups splits new streams into the prefills that run them: by prompt length, so a
+// prefill pads its prompts little, in groups of at most n (0: one group). A burst of arrivals
+// (a level of a benchmark, clients back after a restart) then runs as prefills of shapes the
+// decoder prepared at load: on an H100 one prefill of 17.6 prompts in shapes it had not run before
+// took 150 ms on average and held every running stream meanwhile.
+func prefillGroups(fresh []*stream, n int) [][]*stream {
+	if len(fresh) == 0 {
+		return nil
+	}
+	sorted := slices.Clone(fresh)
+	slices.SortStableFunc(sorted, func(a, b *stream) int { return cmp.Compare(len(a.prompt), len(b.prompt)) })
+	if n <= 0 {
+		n = len(sorted)
+	}
+	var out [][]*stream
+	for len(sorted) > 0 {
+		k := min(n, len(sorted))
+		out = append(out, sorted[:k:k])
+		sorted = sorted[k:]
+	}
+	return out
+}
+
+// advance takes one token from logits, hands finished chunks to the flow, and reports whether
+// the stream still needs the LM.
+func (e *Engine) advance(s *stream, logits []float32) bool {
+	m := e.p.m
+	tok := argmax(logits, len(s.tokens) >= s.minTok)
+	done := tok == m.LM.SpeechVocab
+	if !done {
+		s.tokens = append(s.tokens, int64(tok))
+		done = len(s.tokens) >= s.maxTok
+	}
+	// A chunk leaves only when more tokens follow it, so the stream's last chunk is always
+	// handed over with last=true.
+	for {
+		pending := len(s.tokens) - s.flowed
+		size := m.ChunkSize(s.chunk)
+		if done && pending <= size {
+			if pending > 0 {
+				e.toFlow(s, len(s.tokens), true)
+			} else {
+				s.finish(nil) // no speech at all
+			}
+			return false
+		}
+		if pending <= size {
+			return true
+		}
+		e.toFlow(s, s.flowed+size, false)
+	}
+}
+
+func (e *Engine) toFlow(s *stream, end int, last bool) {
+	if s.chunk == 0 {
+		s.marks[markQueued] = time.Now()
+	}
+	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
+	e.flowQ.Push(&flowItem{
+		s:          s,
+		queued:     time.Now(),
+		tokens:     append([]int64(nil), s.tokens[start:end]...),
+		ctxTokens:  s.flowed - start,
+		firstToken: start,
+		first:      s.chunk == 0,
+		last:       last,
+	})
+	s.flowed = end
+	s.chunk++
+}
+
+// flowRun is a batch of chunks on one flow worker, and the flow time it took.
+type flowRun struct {
+	items  []*flowItem
+	worker int
+	mels   [][]float32 // each item's, once done
+	busy   time.Duration
+	err    error
+}
+
+// urgent reports whether the batch leads with a first chunk.
+func (r *flowRun) urgent() bool { return r.items[0].first }
+
+// flowLanes decides which flow batch starts on which worker. Each worker (Pipeline.flows) has
+// its own ONNX Runtime sessions and so its own CUDA stream, so batches on several workers
+// overlap one's kernel launches with another's kernels (on an H100: P95 time to first audio at
+// 64 streams 972 → 869 ms with two workers; no gain at 256, where the flow is bound by the GPU;
+// docs/benchmarks/RESULTS.md). With more than one worker,
+// batches of later chunks (bulk) hold at most all workers but one, so a new stream's first
+// chunk never waits for a whole bulk batch; first chunks start on any free worker, ahead of
+// later chunks. With share, bulk batches may hold every worker: more throughput under load, a
+// longer wait for first audio (engine option flow_first_worker). A stream's chunks stay in
+// order: none joins a batch while another of its chunks is in one.
+type flowLanes struct {
+	runs           []*flowRun       // by worker; nil where free
+	busy           map[*stream]bool // streams with a chunk in a batch under way
+	budget         int              // frames per batch
+	share          bool             // no worker is kept for first chunks
+	spread         float64          // see takeBatch
+	framesPerToken int
+	// fit says how many of n items of up to tokens tokens a batch takes (flowRunner.fit): with the
+	// flow's CUDA graphs, batches that fill a captured shape.
+	fit func(n, tokens int) int
+	// fits reports whether n items of up to tokens tokens may run at once (the manifest's
+	// flow.max_batch_frames counts padded frames, which the budget does not).
+	fits func(n, tokens int) bool
+}
+
+func newFlowLanes(workers, budget int, spread float64, framesPerToken int, fit func(n, tokens int) int, fits func(n, tokens int) bool) *flowLanes {
+	return &flowLanes{runs: make([]*flowRun, workers), busy: map[*stream]bool{}, budget: budget, spread: spread, framesPerToken: framesPerToken, fit: fit, fits: fits}
+}
+
+// trim cuts take to what fit and fits allow; what it leaves waits first.
+func (l *flowLanes) trim(take, rest []*flowItem) ([]*flowItem, []*flowItem) {
+	longest := func(items []*flowItem) int {
+		tokens := 0
+		for _, it := range items {
+			tokens = max(tokens, len(it.tokens))
+		}
+		return tokens
+	}
+	k := len(take)
+	if l.fit != nil && k > 0 {
+		if n := l.fit(k, longest(take)); n > 0 && n < k {
+			k = n
+		}
+	}
+	for l.fits != nil && k > 1 && !l.fits(k, longest(take[:k])) {
+		k--
+	}
+	if k < len(take) {
+		return take[:k:k], slices.Concat(take[k:], rest)
+	}
+	return take, rest
+}
+
+// running counts the batches under way; bulk those of them without a first chunk in the lead.
+func (l *flowLanes) running() (all, bulk int) {
+	for _, r := range l.runs {
+		if r != nil {
+			all++
+			if !r.urgent() {
+				bulk++
+			}
+		}
+	}
+	return all, bulk
+}
+
+// admit returns the batch to start now, if any, the worker to start it on, and the items left
+// waiting, in order.
+func (l *flowLanes) admit(items []*flowItem) (take, rest []*flowItem, worker int) {
+	worker = slices.Index(l.runs, nil)
+	if len(items) == 0 || worker < 0 {
+		return nil, items, -1
+	}
+	info := func(it *flowItem) (int, bool, *stream) { return len(it.tokens) * l.framesPerToken, it.first, it.s }
+	if _, bulk := l.running(); l.share || len(l.runs) == 1 || bulk < len(l.runs)-1 {
+		take, rest = l.trim(engine.TakeBatch(items, l.budget, l.spread, l.busy, info))
+		return take, rest, worker
+	}
+	// The last free worker is kept for first chunks.
+	var first, later []*flowItem
+	for _, it := range items {
+		if it.first {
+			first = append(first, it)
+		} else {
+			later = append(later, it)
+		}
+	}
+	take, first = l.trim(engine.TakeBatch(first, l.budget, l.spread, l.busy, info))
+	return take, append(first, later...), worker
+}
+
+// add records a started batch on its worker.
+func (l *flowLanes) add(r *flowRun) {
+	for _, it := range r.items {
+		l.busy[it.s] = true
+	}
+	l.runs[r.worker] = r
+}
+
+// remove frees a finished batch's worker and streams.
+func (l *flowLanes) remove(r *flowRun) {
+	for _, it := range r.items {
+		delete(l.busy, it.s)
+	}
+	l.runs[r.worker] = nil
+}
+
+// flowLoop starts batches of chunks on the flow workers as they free up, and hands each
+// finished batch to the vocoder. It alone touches the lanes and the streams' flow state.
+func (e *Engine) flowLoop() {
+	defer e.wg.Done()
+	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit,
+		func(n, tokens int) bool { return e.p.m.flowBatchFits(n, tokens) == nil })
+	lanes.share = e.p.opt.flowShare
+	finished := make(chan *flowRun)
+	ready := e.flowQ.Ready()
+	var waiting []*flowItem
+	for {
+		items, ok := e.flowQ.TryPopAll()
+		waiting = liveItems(append(waiting, items...), func(it *flowItem) *stream { return it.s })
+		if !ok {
+			// Shut down: what waits fails now, batches under way at their next step.
+			for _, it := range waiting {
+				it.s.finish(errors.New("engine is shut down"))
+			}
+			waiting, ready = nil, nil
+			if all, _ := lanes.running(); all == 0 {
+				return
+			}
+		}
+		for ok {
+			take, rest, w := lanes.admit(waiting)
+			if len(take) == 0 {
+				break
+			}
+			waiting = rest
+			now := time.Now()
+			for _, it := range take {
+				e.stats.Waited(stageFlow, now, it.queued)
+			}
+			r := &flowRun{items: take, worker: w}
+			lanes.add(r)
+			go e.runFlow(r, finished)
+		}
+		select {
+		case r := <-finished:
+			lanes.remove(r)
+			e.stats.CountFor(stageFlow, len(r.items), r.busy)
+			e.flowDone(r, r.err)
+		case <-ready:
+		}
+	}
+}
+
+// runFlow runs a batch through the flow on its worker (the encoder, then every Euler step) and
+// sends it to done.
+func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
+	R := e.p.m.Flow.FramesPerToken
+	jobs := make([]flowJob, len(r.items))
+	for i, it := range r.items {
+		f0 := it.firstToken * R
+		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
+	}
+	t0 := time.Now()
+	r.mels, r.err = e.p.flows[r.worker].run(jobs, e.done)
+	r.busy = time.Since(t0)
+	done <- r
+}
+
+// flowDone hands a finished batch's mel to the vocoder, each chunk with the previous chunk's
+// last frames as left context; on err its streams fail.
+func (e *Engine) flowDone(r *flowRun, err error) {
+	m := e.p.m
+	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	mels := r.mels
+	for i, it := range r.items {
+		if err != nil {
+			it.s.finish(err)
+			continue
+		}
+		all := len(it.tokens) * R
+		skip := it.ctxTokens * R
+		nf := all - skip
+		ctxF := min(m.Streaming.ContextTokens*R, it.s.prevFrames)
+		mel := make([]float32, C*(ctxF+nf))
+		chunk := make([]float32, C*nf)
+		for c := 0; c < C; c++ {
+			row := mel[c*(ctxF+nf) : (c+1)*(ctxF+nf)]
+			if ctxF > 0 {
+				pf := it.s.prevFrames
+				copy(row[:ctxF], it.s.prevMel[c*pf+pf-ctxF:(c+1)*pf])
+			}
+			copy(row[ctxF:], mels[i][c*all+skip:(c+1)*all])
+			copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
+		}
+		it.s.prevMel, it.s.prevFrames = chunk, nf
+		if it.first {
+			it.s.marks[markMel] = time.Now()
+		}
+		e.vocQ.Push(&vocItem{s: it.s, queued: time.Now(), mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
+	}
+}
+
+func (e *Engine) vocoderLoop() {
+	defer e.wg.Done()
+	hop, rate := e.p.m.Vocoder.Hop, e.p.m.SampleRate
+	for {
+		items, ok := e.vocQ.PopAll()
+		if !ok {
+			return
+		}
+		items = liveItems(items, func(it *vocItem) *stream { return it.s })
+		items, rest := engine.TakeBatch(items, e.vocFrames, e.spread, nil, func(it *vocItem) (int, bool, *stream) {
+			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
+		})
+		e.vocQ.PushFront(rest)
+		if len(items) == 0 {
+			continue
+		}
+		mels := make([][]float32, len(items))
+		t0 := time.Now()
+		for i, it := range items {
+			mels[i] = it.mel
+			e.stats.Waited(stageVocoder, t0, it.queued)
+		}
+		audio, err := e.p.voc.run(mels)
+		e.stats.Count(stageVocoder, len(mels), t0)
+		for i, it := range items {
+			if err != nil {
+				it.s.finish(fmt.Errorf("vocoder: %w", err))
+				continue
+			}
+			it.s.push(audio[i][it.ctxFrames*hop:], rate)
+			if it.first {
+				e.firstAudioOut(it.s)
+			}
+			if it.last {
+				it.s.finish(nil)
+			}
+		}
+	}
+}
+
+// liveItems drops the items of streams whose request has ended.
+func liveItems[T any](items []T, s func(T) *stream) []T {
+	out := items[:0]
+	for _, it := range items {
+		if err := s(it).ctx.Err(); err != nil {
+			s(it).finish(err)
+			continue
+		}
+		out = append(out, it)
+	}
+	return out
+}

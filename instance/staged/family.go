@@ -1,0 +1,142 @@
+package staged
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// Family serves staged (LM → flow → vocoder) pipelines: a manifest whose kind is staged.
+type Family struct{}
+
+var _ instance.Family = Family{}
+
+// Claims takes any path that is not another family's: the manifest's own checks then say what is
+// wrong with it.
+func (Family) Claims(string) bool { return true }
+
+// Describe reads and checks the manifest at path.
+func (Family) Describe(path string) (tts.Description, error) {
+	m, err := LoadManifest(path)
+	if err != nil {
+		return tts.Description{}, err
+	}
+	return m.description(), nil
+}
+
+// Open loads the pipeline and starts its engine(s).
+func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error) {
+	m, err := LoadManifest(cfg.Manifest)
+	if err != nil {
+		return nil, tts.Description{}, err
+	}
+	r, err := open(m, cfg)
+	if err != nil {
+		return nil, tts.Description{}, err
+	}
+	return r, m.description(), nil
+}
+
+func (m *Manifest) description() tts.Description {
+	return tts.Description{Kind: m.Kind, Name: m.Name, SampleRate: m.SampleRate, Voices: m.Voices}
+}
+
+// open places the pipeline on the visible GPUs: split puts the LM on device 0 and flow and
+// vocoder on device 1; replicated runs a whole pipeline (and engine) on every device.
+func open(m *Manifest, cfg tts.LoadConfig) (instance.Runner, error) {
+	devices := 1
+	if cfg.Provider == "cuda" {
+		devices = max(1, len(ort.CUDADevices())) // with none, device 0 fails with ONNX Runtime's own reason
+	}
+	if cfg.Placement == "split" {
+		if devices < 2 {
+			return nil, fmt.Errorf("placement split needs 2 visible GPUs, this instance sees %d", devices)
+		}
+		p, err := loadPipeline(m, cfg, 0, 1)
+		if err != nil {
+			return nil, err
+		}
+		return NewEngine(p), nil
+	}
+	var engines []*Engine
+	for d := 0; d < devices; d++ {
+		p, err := loadPipeline(m, cfg, d, d)
+		if err != nil {
+			for _, e := range engines {
+				e.Close()
+			}
+			return nil, fmt.Errorf("device %d: %w", d, err)
+		}
+		engines = append(engines, NewEngine(p))
+	}
+	if len(engines) == 1 {
+		return engines[0], nil
+	}
+	return newReplicas(engines), nil
+}
+
+// synthesizer is what replicas spread requests over: an Engine, or a fake in tests.
+type synthesizer interface {
+	Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error
+	Stats() []tts.StageStats
+	FirstAudio() []FirstAudio
+	Close() error
+}
+
+// replicas spreads requests over one engine per GPU, to the least loaded.
+type replicas struct {
+	engines []synthesizer
+	load    []atomic.Int64
+}
+
+func newReplicas[S synthesizer](engines []S) *replicas {
+	r := &replicas{engines: make([]synthesizer, len(engines)), load: make([]atomic.Int64, len(engines))}
+	for i, e := range engines {
+		r.engines[i] = e
+	}
+	return r
+}
+
+func (r *replicas) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	best := 0
+	for i := range r.engines {
+		if r.load[i].Load() < r.load[best].Load() {
+			best = i
+		}
+	}
+	r.load[best].Add(1)
+	defer r.load[best].Add(-1)
+	return r.engines[best].Synthesize(ctx, req, emit)
+}
+
+// Stats adds up the engines' stage counters, the time items waited included.
+func (r *replicas) Stats() []tts.StageStats {
+	all := make([][]tts.StageStats, len(r.engines))
+	for i, e := range r.engines {
+		all[i] = e.Stats()
+	}
+	return engine.Sum(all...)
+}
+
+// FirstAudio gathers every engine's first-audio figures since the last call.
+func (r *replicas) FirstAudio() []FirstAudio {
+	var out []FirstAudio
+	for _, e := range r.engines {
+		out = append(out, e.FirstAudio()...)
+	}
+	return out
+}
+
+func (r *replicas) Close() error {
+	var errs []error
+	for _, e := range r.engines {
+		errs = append(errs, e.Close())
+	}
+	return errors.Join(errs...)
+}

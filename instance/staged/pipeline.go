@@ -1,0 +1,125 @@
+package staged
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+
+	"github.com/voxmux/voxmux/tts"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+)
+
+// Pipeline holds the loaded stages of a staged (LM → flow → vocoder) model.
+type Pipeline struct {
+	m   *Manifest
+	rt  *ort.Runtime // the LM's
+	rt2 *ort.Runtime // the flow's and vocoder's (rt itself unless split)
+	opt options
+	lm  lmDecoder
+	// flows are the flow's workers, each with its own sessions (see flowLanes).
+	flows []flowRunner
+	voc   *vocoderStage
+}
+
+// LoadPipeline loads the manifest's graphs on the configured provider, all on device 0.
+func LoadPipeline(cfg tts.LoadConfig) (*Pipeline, error) {
+	m, err := LoadManifest(cfg.Manifest)
+	if err != nil {
+		return nil, err
+	}
+	return loadPipeline(m, cfg, 0, 0)
+}
+
+// loadPipeline puts the LM on device lmDev and the flow and vocoder on flowDev.
+func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
+	if err := cfg.Engine.Validate(); err != nil {
+		return nil, err // the config's own check names its file too
+	}
+	rt, err := ort.New(cfg, lmDev)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{m: m, rt: rt, rt2: rt, opt: resolveOptions(cfg.Engine, rt.CUDA(), m)}
+	if flowDev != lmDev {
+		if p.rt2, err = ort.New(cfg, flowDev); err != nil {
+			rt.Close()
+			return nil, err
+		}
+	}
+	if err = iobind.Init(cfg.ORTLibrary); err == nil {
+		graphRows, mode := 0, p.opt.lmGraph
+		if mode != "off" {
+			// One slot per request the instance takes at once (the router's max_inflight).
+			graphRows = cmp.Or(cfg.MaxInflight, 256)
+		}
+		p.lm, err = newLMDecoder(m, rt.LMPlacement(mode == "on" || mode == "decode", p.opt.lmHighPriority), graphRows, mode == "on" || mode == "fixed")
+	}
+	for w := 0; err == nil && w < p.opt.flowWorkers; w++ {
+		var f flowRunner
+		if f, err = newFlow(p.rt2, m, p.opt); err == nil {
+			p.flows = append(p.flows, f)
+		}
+	}
+	if err == nil {
+		p.voc, err = newVocoderStage(p.rt2, m, p.opt)
+	}
+	if err != nil {
+		p.Close()
+		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
+	}
+	return p, nil
+}
+
+// Manifest returns the pipeline's manifest.
+func (p *Pipeline) Manifest() *Manifest { return p.m }
+
+// Close releases the sessions.
+func (p *Pipeline) Close() error {
+	var errs []error
+	if p.lm != nil {
+		p.lm.close()
+	}
+	for _, f := range p.flows {
+		errs = append(errs, f.close())
+	}
+	if p.voc != nil {
+		errs = append(errs, p.voc.close())
+	}
+	p.rt.Close()
+	if p.rt2 != p.rt {
+		p.rt2.Close()
+	}
+	return errors.Join(errs...)
+}
+
+// noise returns the flow's starting sample for frames [from, to), channel-major. Each frame's
+// values depend only on (seed, frame), so chunking and batching never change them.
+func (p *Pipeline) noise(seed uint64, from, to int) []float32 {
+	C, n := p.m.Flow.MelBins, to-from
+	out := make([]float32, C*n)
+	for f := from; f < to; f++ {
+		r := rand.New(rand.NewPCG(seed, uint64(f)))
+		for c := 0; c < C; c++ {
+			out[c*n+f-from] = float32(r.NormFloat64())
+		}
+	}
+	return out
+}
+
+// argmax picks the next speech token; end of speech (the last index) is masked while allowEnd is false.
+func argmax(logits []float32, allowEnd bool) int {
+	n := len(logits)
+	if !allowEnd {
+		n--
+	}
+	best := 0
+	for i := 1; i < n; i++ {
+		if logits[i] > logits[best] {
+			best = i
+		}
+	}
+	return best
+}

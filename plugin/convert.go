@@ -1,0 +1,47 @@
+package plugin
+
+import (
+	"github.com/voxmux/voxmux/plugin/proto"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// The engine options cross the process boundary field by field, typed, as the config loaded them.
+
+func engineToProto(o tts.EngineOptions) *proto.EngineOptions {
+	p := &proto.EngineOptions{
+		VocoderBatchesSet: o.VocoderBatchesSet || o.VocoderBatches != nil,
+		VocoderWindow:     int32(o.VocoderWindow),
+		Profile:           o.Profile,
+		LmStreamPriority:  o.LMStreamPriority,
+		LmCudaGraph:       o.LMCUDAGraph,
+		FlowCudaGraph:     o.FlowCUDAGraph,
+		FlowWorkers:       int32(o.FlowWorkers),
+		FlowFirstWorker:   o.FlowFirstWorker,
+		IntraOpNumThreads: int32(o.IntraOpThreads),
+	}
+	for _, b := range o.VocoderBatches {
+		p.VocoderBatches = append(p.VocoderBatches, int32(b))
+	}
+	return p
+}
+
+func engineFromProto(p *proto.EngineOptions) tts.EngineOptions {
+	if p == nil {
+		return tts.EngineOptions{}
+	}
+	o := tts.EngineOptions{
+		VocoderBatchesSet: p.VocoderBatchesSet,
+		VocoderWindow:     int(p.VocoderWindow),
+		Profile:           p.Profile,
+		LMStreamPriority:  p.LmStreamPriority,
+		LMCUDAGraph:       p.LmCudaGraph,
+		FlowCUDAGraph:     p.FlowCudaGraph,
+		FlowWorkers:       int(p.FlowWorkers),
+		FlowFirstWorker:   p.FlowFirstWorker,
+		IntraOpThreads:    int(p.IntraOpNumThreads),
+	}
+	for _, b := range p.VocoderBatches {
+		o.VocoderBatches = append(o.VocoderBatches, int(b))
+	}
+	return o
+}

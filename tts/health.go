@@ -1,0 +1,51 @@
+package tts
+
+import "time"
+
+// Health is an instance's own view of itself.
+type Health struct {
+	Ready    bool
+	Message  string
+	Inflight int
+	// Stages count the batched runs of each pipeline stage since the process started (empty for
+	// models whose runner does not batch).
+	Stages []StageStats
+}
+
+// StageStats counts one stage's runs: Items/Batches is its mean batch size.
+type StageStats struct {
+	Stage   string // lm_prefill, lm_decode, flow, vocoder
+	Batches uint64 // runs of the stage's graph
+	Items   uint64 // requests (sequences, chunks) those runs carried
+	Busy    time.Duration
+	// Wait sums the time each item waited for the stage before a run took it (a prefill's
+	// prompts from their arrival; 0 for the decode steps, which every running sequence joins).
+	// Over an interval, its growth divided by the interval's length is the mean queue.
+	Wait time.Duration
+}
+
+// State is where a supervised instance (or a group of them) is in its life.
+type State string
+
+// States of instances and groups.
+const (
+	StateStarting   State = "starting"
+	StateReady      State = "ready"
+	StateDraining   State = "draining"
+	StateRestarting State = "restarting"
+	StateUnhealthy  State = "unhealthy"
+	StateFailed     State = "failed"
+	StateStopped    State = "stopped"
+)
+
+// Status is a supervised instance as operators see it.
+type Status struct {
+	Name      string
+	State     State
+	PID       int
+	GPUs      []GPU
+	Restarts  int
+	Failures  int
+	Since     time.Time // when the current state began
+	LastError string
+}

@@ -1,0 +1,53 @@
+// Package tts is the contract between voxmux's router, its plugin layer and its engines: the
+// request and the audio it becomes, what an instance is told to load and reports back, its health
+// and the errors it returns. The router and the plugin layer import this package and not the
+// engine; every type in the Instance interface's signatures lives here.
+package tts
+
+import "context"
+
+// Instance is what an instance process offers across the process boundary: the plugin layer's
+// gRPC server serves it, its gRPC client implements it, and the router calls it.
+type Instance interface {
+	// Load loads the model named by cfg; an instance loads exactly one.
+	Load(ctx context.Context, cfg LoadConfig) (Info, error)
+	// Synthesize runs req and calls emit with each audio chunk in order. It returns when the
+	// audio is complete, emit fails or ctx ends.
+	Synthesize(ctx context.Context, req Request, emit func(Chunk) error) error
+	// Health is the instance's own view of itself.
+	Health(ctx context.Context) (Health, error)
+}
+
+// Request is one synthesis request as the router hands it to an instance.
+type Request struct {
+	ID    string
+	Text  string
+	Voice string
+	Speed float32
+	// Seed picks the flow's starting noise; equal requests with equal seeds give equal audio.
+	Seed uint64
+	// Instructions (OpenAI's: tone, accent, pace) reach only models whose Description says
+	// they take them.
+	Instructions string
+}
+
+// Chunk is a piece of mono float32 audio, in order.
+type Chunk struct {
+	PCM        []float32
+	SampleRate int
+	Index      int
+}
+
+// Description is what the router needs to know of a model before any instance runs it.
+type Description struct {
+	Kind       string
+	Name       string
+	SampleRate int
+	Voices     []string
+	// NativeSpeed is true when the model applies the request's speed itself (piper: through
+	// length_scale), so the router must not time-stretch its audio.
+	NativeSpeed bool
+	// Instructions is true when the model follows a request's "instructions" (no kind served
+	// today does; the router drops them for the others).
+	Instructions bool
+}
