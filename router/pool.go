@@ -3,22 +3,23 @@ package router
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Synthesizer is what the router needs of an instance.
 type Synthesizer interface {
-	Synthesize(ctx context.Context, req instance.Request, emit func(instance.Chunk) error) error
+	Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error
 }
 
 // Member is a supervised instance: a Synthesizer whose process comes and goes.
 type Member interface {
 	Synthesizer
-	Status() instance.Status
+	Status() tts.Status
 	Changed() <-chan struct{}
 	Restart(ctx context.Context) error
 }
@@ -81,6 +82,7 @@ type Pool struct {
 	groups   []*Group
 	backends []*Backend
 	waiters  []*waiter
+	rnd      *rand.Rand // breaks ties between equally loaded backends
 }
 
 type waiter struct {
@@ -93,7 +95,7 @@ func NewPool(m Model, q QueueOptions) *Pool {
 	if q.Timeout == 0 {
 		q.Timeout = 30 * time.Second
 	}
-	return &Pool{model: m, queue: q}
+	return &Pool{model: m, queue: q, rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))}
 }
 
 // Model returns what the pool serves.
@@ -127,7 +129,7 @@ func (p *Pool) Add(b *Backend) {
 func (p *Pool) follow(b *Backend) {
 	for {
 		ch := b.Member.Changed()
-		b.SetReady(b.Member.Status().State == instance.StateReady)
+		b.SetReady(b.Member.Status().State == tts.StateReady)
 		p.Dispatch()
 		<-ch
 	}
@@ -259,21 +261,7 @@ func (p *Pool) dispatchLocked() {
 
 // pickLocked picks and counts a backend; full reports that ready backends exist but are full.
 func (p *Pool) pickLocked(exclude *Backend) (best *Backend, full bool) {
-	var bestLoad float64
-	for _, c := range p.backends {
-		if c == exclude || !c.Ready() {
-			continue
-		}
-		n := c.inflight.Load()
-		if int(n) >= c.Capacity {
-			full = true
-			continue
-		}
-		load := float64(n) / float64(c.Capacity)
-		if best == nil || load < bestLoad {
-			best, bestLoad = c, load
-		}
-	}
+	best, full = leastLoaded(p.backends, func(c *Backend) bool { return c == exclude || !c.Ready() }, p.rnd)
 	if best == nil {
 		return nil, full
 	}
