@@ -45,7 +45,7 @@ STEPS = 10              # CosyVoice3 flow: n_timesteps=10, Euler
 CFG_STRENGTH = 0.7      # CosyVoice3 inference_cfg_rate
 # Streaming chunks: a small first one for the first audio, then at most doubling, so each chunk's
 # audio (40 ms a token) lasts while the next one's tokens are decoded at up to 20 ms a step.
-# H100 (session 5): against [15, 50, 100], first audio at 1 stream 231 -> 159 ms P50 and P95 at
+# H100 (voxmux 5d6eabf): against [15, 50, 100], first audio at 1 stream 231 -> 159 ms P50 and P95 at
 # 64 streams 1201 -> 892 ms, for 5% less throughput at 256 streams (113 -> 108x).
 CHUNK_TOKENS = [8, 25, 50, 100]
 # Positions of one sequence's slot in the shared cache: a prompt and its speech tokens; text of up
@@ -683,8 +683,7 @@ def main():
     ap.add_argument("--cache", choices=["concat", "shared"], default="shared",
                     help="the LM's key/value cache contract (docs/pipeline.md): shared (in place, "
                          "GroupQueryAttention), whose decode steps voxmux runs as CUDA graphs, or "
-                         "concat, which measured slower on an H100 with ONNX Runtime 1.29 "
-                         "(docs/benchmarks/RESULTS.md, session 8)")
+                         "concat, copied every step and never run as CUDA graphs (for comparisons)")
     ap.add_argument("--flow-convs", choices=["matmul", "conv"], default="matmul",
                     help="the flow's convolutions as gather + matrix product (default) or as ONNX Conv "
                          "(cuDNN; for comparisons)")

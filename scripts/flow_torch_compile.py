@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Times the benchmark model's flow DiT (one Euler step with guidance: the estimator at twice the
 batch) in PyTorch, eager and under torch.compile, to calibrate what ONNX Runtime reaches on the
-same GPU (docs/benchmarks/RESULTS.md, "How far 1000× is, measured"), and what the DiT's matrix
+same GPU (docs/benchmarks/RESULTS.md, "What bounds throughput"), and what the DiT's matrix
 products and attention cost on their own: the floor that any kernels built around cuBLAS and
 PyTorch's attention would stand on.
 

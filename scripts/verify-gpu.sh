@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs voxmux's GPU checks on a GPU host and prints what they saw (used for the issues' "Verified
-# on a GPU" notes). Needs: bin/voxmux (or $VOXMUX; `go build -tags noffmpeg` where the host lacks
-# FFmpeg's libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
+# Runs voxmux's GPU checks and the benchmarks of docs/benchmarks/ on a GPU host and prints what they
+# saw. Needs: bin/voxmux (or $VOXMUX; `go build -tags noffmpeg` where the host lacks FFmpeg's
+# libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
 #   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|compare|twogroups ...
