@@ -70,15 +70,15 @@ func flowTokenSizes(m *Manifest) []int {
 	for _, c := range m.Streaming.ChunkTokens {
 		longest = max(longest, c)
 	}
-	longest = alignTokens(m, longest+ctx)
+	longest = m.alignTokens(longest + ctx)
 	var out []int
 	sum := 0
 	for _, c := range m.Streaming.ChunkTokens {
-		out = append(out, alignTokens(m, c+min(ctx, sum)))
+		out = append(out, m.alignTokens(c+min(ctx, sum)))
 		sum += c
 	}
 	for n := 16; n < longest; n += 16 {
-		out = append(out, alignTokens(m, n))
+		out = append(out, m.alignTokens(n))
 	}
 	out = append(out, longest)
 	slices.Sort(out)
@@ -260,7 +260,7 @@ func (s *flowSteps) bucket(B, N int) (b *flowBucket, temp bool, err error) {
 			}
 		}
 	}
-	b, err = s.newBucket(iobind.NoGraph, B, alignTokens(s.m, N))
+	b, err = s.newBucket(iobind.NoGraph, B, s.m.alignTokens(N))
 	return b, true, err
 }
 

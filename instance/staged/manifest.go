@@ -160,7 +160,7 @@ func (m *Manifest) validate() error {
 	need(m.Flow.CFGStrength >= 0, "flow.cfg_strength", "must not be negative")
 	if mf := m.Flow.MaxBatchFrames; mf != 0 && m.Flow.FramesPerToken > 0 {
 		// The longest chunk with its context has to fit in a run on its own.
-		longest := alignTokens(m, slices.Max(m.Streaming.ChunkTokens)+max(m.Streaming.ContextTokens, 0)) * m.Flow.FramesPerToken
+		longest := m.alignTokens(slices.Max(m.Streaming.ChunkTokens)+max(m.Streaming.ContextTokens, 0)) * m.Flow.FramesPerToken
 		need(mf >= longest, "flow.max_batch_frames", fmt.Sprintf("%d is less than the longest chunk with its context, %d frames padded (streaming.chunk_tokens, streaming.context_tokens)", mf, longest))
 	}
 	need(m.Vocoder.Hop > 0, "vocoder.hop", "must be positive")
@@ -207,7 +207,7 @@ func (m *Manifest) Tensor(name string) string {
 // padded frames pass flow.max_batch_frames.
 func (m *Manifest) flowBatchFits(b, n int) error {
 	mf := m.Flow.MaxBatchFrames
-	if frames := b * alignTokens(m, n) * m.Flow.FramesPerToken; mf > 0 && frames > mf {
+	if frames := b * m.alignTokens(n) * m.Flow.FramesPerToken; mf > 0 && frames > mf {
 		return fmt.Errorf("a flow run of %d items of %d tokens is %d padded frames, more than the manifest's flow.max_batch_frames (%d) allows in one run", b, n, frames, mf)
 	}
 	return nil
@@ -220,4 +220,14 @@ func (m *Manifest) ChunkSize(i int) int {
 		return c[i]
 	}
 	return c[len(c)-1]
+}
+
+// alignTokens rounds a length in tokens up to whole runs of 8 frames: ONNX Runtime's fused
+// attention with a bias (float16) needs the length aligned to 8, and falls back to materialising
+// the scores otherwise. The extra frames are padding like any other.
+func (m *Manifest) alignTokens(n int) int {
+	for n*m.Flow.FramesPerToken%8 != 0 {
+		n++
+	}
+	return n
 }
