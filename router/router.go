@@ -128,7 +128,7 @@ const (
 )
 
 // routes are the paths that get their own label in voxmux_requests_total.
-var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/readyz"}
+var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/readyz"}
 
 func routeOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
@@ -173,6 +173,12 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 		s.voices(ctx)
+	case path == "/v1/audio/models":
+		if !ctx.IsGet() {
+			s.methodNotAllowed(ctx, "GET")
+			return
+		}
+		s.audioModels(ctx)
 	case path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"):
 		if !ctx.IsGet() {
 			s.methodNotAllowed(ctx, "GET")
