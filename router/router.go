@@ -5,6 +5,8 @@ package router
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -20,6 +22,10 @@ import (
 
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
 const MaxBodyBytes = 1 << 20
+
+// ReadBufferSize bounds a request's line and headers together. fasthttp's default, 4 KiB, turns
+// away browsers behind proxies that carry many cookies; beyond this a request gets 431.
+const ReadBufferSize = 32 << 10
 
 // Options configure a Server.
 type Options struct {
@@ -74,12 +80,27 @@ func New(o Options) *Server {
 		// Well over the API limit, so that fasthttp reads an oversized body whole and we answer
 		// 413 in OpenAI's shape; beyond this fasthttp's ErrorHandler answers and closes.
 		MaxRequestBodySize: 16 * MaxBodyBytes,
+		ReadBufferSize:     ReadBufferSize,
 		ErrorHandler:       s.readError,
 		ReadTimeout:        30 * time.Second,
 		IdleTimeout:        2 * time.Minute,
 		CloseOnShutdown:    true,
+		Logger:             connLogger{o.Logger},
 	}
 	return s
+}
+
+// connLogger takes fasthttp's own messages about connections. Their text quotes the bytes of a
+// request it could not parse (an Authorization header among them), so that part is cut, and the
+// rest is bounded; they log at debug level, since each request has its own line already.
+type connLogger struct{ l *slog.Logger }
+
+func (c connLogger) Printf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if i := strings.Index(msg, "buffer size="); i >= 0 {
+		msg = msg[:i] + "…"
+	}
+	c.l.Debug("http connection", "error", excerptN(msg, 200))
 }
 
 // Serve serves HTTP on ln until Shutdown.
@@ -223,5 +244,13 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 			"request body is larger than 1 MiB"))
 		return
 	}
-	writeError(ctx, newError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "cannot read request: "+err.Error()))
+	// fasthttp's error text quotes the request's bytes (headers, Authorization included): none of
+	// it is echoed.
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		writeError(ctx, newError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
+			fmt.Sprintf("request headers are larger than %d KiB", ReadBufferSize>>10)))
+		return
+	}
+	writeError(ctx, newError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request"))
 }

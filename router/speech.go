@@ -54,7 +54,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	var r speechRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&r); err != nil {
-		return nil, invalid("", "request body is not valid JSON: "+err.Error())
+		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
 	}
 	if dec.More() {
 		return nil, invalid("", "request body has data after the JSON object")
@@ -62,7 +62,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	m := s.o.Pool.Model()
 	if r.Model != "" && r.Model != m.Name && !slices.Contains(s.o.ModelAliases, r.Model) {
 		e := newError(fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("model %q is not served here; use %q", r.Model, m.Name))
+			fmt.Sprintf("model %q is not served here; use %q", excerpt(r.Model), m.Name))
 		p := "model"
 		e.Param = &p
 		return nil, e
@@ -89,10 +89,10 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 		format = DefaultFormat
 	}
 	if audio.ContentType(format) == "" {
-		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(audio.Formats(), ", ")))
+		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", excerpt(format), strings.Join(audio.Formats(), ", ")))
 	}
 	if r.StreamFormat != "" && r.StreamFormat != "audio" && r.StreamFormat != "sse" {
-		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", r.StreamFormat))
+		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", excerpt(r.StreamFormat)))
 	}
 	speed := 1.0
 	if r.Speed != nil {
@@ -139,7 +139,7 @@ func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
 	case slices.Contains(openAIVoices, name):
 		return voices[0], nil
 	}
-	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", name, strings.Join(voices, ", ")))
+	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", excerpt(name), strings.Join(voices, ", ")))
 }
 
 func (s *Server) speech(ctx *fasthttp.RequestCtx) {
@@ -295,7 +295,8 @@ func (b *audioBody) fail(err error) {
 	}
 	b.midErr = err
 	b.ended = io.EOF
-	e := newError(fasthttp.StatusInternalServerError, "server_error", "synthesis_failed", "synthesis failed after audio was sent: "+err.Error())
+	// The cause stays in the log (done): it is instance text, not the client's business.
+	e := newError(fasthttp.StatusInternalServerError, "server_error", "synthesis_failed", "synthesis failed after audio was sent")
 	ev, _ := json.Marshal(struct {
 		Type  string    `json:"type"`
 		Error *apiError `json:"error"`
@@ -397,7 +398,9 @@ func retryable(err error) bool {
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// synthError maps a failure before any audio to an HTTP error.
+// synthError maps a failure before any audio to an HTTP error. Only the router's own messages and
+// an instance's verdict on the input reach the client; anything else an instance or its
+// connection says (socket paths, gRPC transport text) stays in the log line.
 func synthError(err error) *apiError {
 	var ie *instance.Error
 	switch {
@@ -408,15 +411,15 @@ func synthError(err error) *apiError {
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
 	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
-		return invalid("input", ie.Msg)
+		return invalid("input", excerpt(ie.Msg))
 	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
-		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", ie.Msg)
-	case errors.As(err, &ie) && ie.Kind == instance.ErrNotReady:
-		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", ie.Msg)
+		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "every instance is at its max_inflight; retry later")
 	case err == nil:
 		return newError(fasthttp.StatusInternalServerError, "server_error", "no_audio", "the model produced no audio for this input")
 	}
-	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed: "+err.Error())
+	// An instance the pool took as ready failed (ErrNotReady here is a process that died or is
+	// going away between the pool's pick and the call: a connection refused, for one).
+	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before any audio")
 }
 
 func newRequestID() string {
