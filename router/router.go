@@ -39,6 +39,8 @@ type Options struct {
 	// APIKeys, when not empty, are the keys /v1/* requires as Authorization: Bearer KEY. The
 	// status page, /status.json, /metrics, /healthz and /readyz stay open.
 	APIKeys map[string]struct{}
+	// CORS, when set with origins, lets pages on those origins call /v1/*; nil leaves CORS off.
+	CORS *CORSOptions
 	// RequestMetrics records requests, latencies and the pool's figures (NewMetrics); nil records
 	// nothing.
 	RequestMetrics *Metrics
@@ -120,10 +122,11 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	route := routeOf(path)
 	if strings.HasPrefix(path, "/v1/") {
-		id := string(ctx.Request.Header.Peek("X-Request-Id"))
-		if id == "" {
-			id = newRequestID()
+		if s.preflight(ctx) {
+			return // browsers send no key with a preflight
 		}
+		defer s.corsResponse(ctx)
+		id := requestID(ctx.Request.Header.Peek("X-Request-Id"))
 		ctx.Response.Header.Set("X-Request-Id", id)
 		ctx.SetUserValue(userRequestID, id)
 		if !s.authorized(ctx) {
@@ -149,7 +152,7 @@ const (
 )
 
 // routes are the paths that get their own label in voxmux_requests_total.
-var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/readyz"}
+var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/health", "/readyz"}
 
 func routeOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
@@ -189,26 +192,26 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 		}
 		s.speech(ctx)
 	case path == "/v1/audio/voices":
-		if !ctx.IsGet() {
-			s.methodNotAllowed(ctx, "GET")
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.voices(ctx)
 	case path == "/v1/audio/models":
-		if !ctx.IsGet() {
-			s.methodNotAllowed(ctx, "GET")
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.audioModels(ctx)
 	case path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"):
-		if !ctx.IsGet() {
-			s.methodNotAllowed(ctx, "GET")
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.models(ctx, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/models"), "/"))
 	case path == "/metrics" && s.metrics != nil:
 		s.metrics(ctx)
-	case path == "/healthz":
+	case path == "/healthz" || path == "/health": // /health is the path other TTS servers probe
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")
 	case path == "/readyz":
@@ -223,17 +226,17 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 		default:
 			ctx.SetBodyString("ready\n")
 		}
-	case path == "/status.json" && ctx.IsGet():
+	case path == "/status.json" && readable(ctx):
 		s.statusJSON(ctx)
-	case (path == "/" || strings.HasPrefix(path, "/status/")) && ctx.IsGet() && s.statusFile(ctx, path):
+	case (path == "/" || strings.HasPrefix(path, "/status/")) && readable(ctx) && s.statusFile(ctx, path):
 	default:
-		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+path))
+		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+excerpt(path)))
 	}
 }
 
 func (s *Server) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	writeError(ctx, newError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-		"use "+allow+" for "+string(ctx.Path())))
+		"use "+allow+" for "+excerpt(string(ctx.Path()))))
 	ctx.Response.Header.Set("Allow", allow) // after writeError, which resets the headers
 }
 

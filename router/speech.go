@@ -60,7 +60,8 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 		return nil, invalid("", "request body has data after the JSON object")
 	}
 	m := s.o.Pool.Model()
-	if r.Model != "" && r.Model != m.Name && !slices.Contains(s.o.ModelAliases, r.Model) {
+	// Names and enumerations match case-insensitively (MP3, ALLOY, TTS-1), as clients differ.
+	if r.Model != "" && !strings.EqualFold(r.Model, m.Name) && !slices.ContainsFunc(s.o.ModelAliases, func(a string) bool { return strings.EqualFold(a, r.Model) }) {
 		e := newError(fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
 			fmt.Sprintf("model %q is not served here; use %q", excerpt(r.Model), m.Name))
 		p := "model"
@@ -84,14 +85,15 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	format := r.ResponseFormat
+	format := strings.ToLower(r.ResponseFormat)
 	if format == "" {
 		format = DefaultFormat
 	}
 	if audio.ContentType(format) == "" {
 		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", excerpt(format), strings.Join(audio.Formats(), ", ")))
 	}
-	if r.StreamFormat != "" && r.StreamFormat != "audio" && r.StreamFormat != "sse" {
+	streamFormat := strings.ToLower(r.StreamFormat)
+	if streamFormat != "" && streamFormat != "audio" && streamFormat != "sse" {
 		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", excerpt(r.StreamFormat)))
 	}
 	speed := 1.0
@@ -101,7 +103,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
 	if m.Instructions {
 		job.req.Instructions = r.Instructions
 	} // else accepted and dropped: the model cannot follow them
@@ -131,12 +133,15 @@ func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
 		}
 		name = obj.ID
 	}
+	fold := func(v string) bool { return strings.EqualFold(v, name) }
 	switch {
 	case name == "":
 		return voices[0], nil
 	case slices.Contains(voices, name):
 		return name, nil
-	case slices.Contains(openAIVoices, name):
+	case slices.ContainsFunc(voices, fold): // the first that matches but for case
+		return voices[slices.IndexFunc(voices, fold)], nil
+	case slices.ContainsFunc(openAIVoices, fold):
 		return voices[0], nil
 	}
 	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", excerpt(name), strings.Join(voices, ", ")))

@@ -37,7 +37,7 @@ func TestVoicesList(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET" {
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
 		t.Fatalf("POST voices: status %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }

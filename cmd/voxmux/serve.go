@@ -123,6 +123,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		RequestTimeout: cfg.RequestTimeout.Std(),
 		ModelAliases:   cfg.Aliases(),
 		APIKeys:        apiKeys,
+		CORS:           &router.CORSOptions{Origins: cfg.CORS.Origins(), MaxAge: cfg.CORS.MaxAge.Std()},
 		GroupExtra:     gpuView(mon),
 		Logger:         log,
 	})
