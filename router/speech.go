@@ -36,6 +36,9 @@ type speechRequest struct {
 	ResponseFormat string          `json:"response_format"`
 	Speed          *float64        `json:"speed"`
 	StreamFormat   string          `json:"stream_format"`
+	// Stream false asks for the whole file in one body with its length (and complete WAV and
+	// FLAC headers) instead of audio as it is made.
+	Stream *bool `json:"stream"`
 }
 
 // speechJob is a validated request.
@@ -45,6 +48,7 @@ type speechJob struct {
 	format string
 	speed  float64 // applied to the audio by the router
 	sse    bool
+	whole  bool // "stream": false
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
@@ -104,6 +108,12 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 		}
 	}
 	job := &speechJob{req: instance.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
+	if r.Stream != nil && !*r.Stream {
+		if job.sse {
+			return nil, invalid("stream", `"stream": false asks for one whole file; stream_format "sse" is a stream of events`)
+		}
+		job.whole = true
+	}
 	if m.Instructions {
 		job.req.Instructions = r.Instructions
 	} // else accepted and dropped: the model cannot follow them
@@ -199,11 +209,16 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 	} else {
 		ctx.SetContentType(audio.ContentType(job.format))
+		ctx.Response.Header.Set("Content-Disposition", `attachment; filename="speech.`+job.format+`"`)
 	}
 	body.secondsOf = func(samples int) float64 { return float64(samples) / float64(first.SampleRate) / job.speed }
 	body.done = func(outcome string, samples int, sent int64, err error) {
 		modelSecs := float64(samples) / float64(first.SampleRate)
-		r := recentRequest{At: start, Status: fasthttp.StatusOK, Format: job.format, Voice: job.req.Voice, Chars: chars,
+		status := fasthttp.StatusOK
+		if job.whole && outcome != "ok" {
+			status = fasthttp.StatusBadGateway // nothing had left: the client gets an error
+		}
+		r := recentRequest{At: start, Status: status, Format: job.format, Voice: job.req.Voice, Chars: chars,
 			AudioSeconds: modelSecs / job.speed, TTFBMillis: millis(ttfb), TotalMillis: millis(time.Since(start)), Outcome: outcome}
 		if outcome == "ok" && modelSecs > 0 {
 			// Synthesis time over the audio the model made (before any speed change).
@@ -211,7 +226,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		}
 		s.recent.add(r)
 		s.o.RequestMetrics.spoke(r, outcome, sent)
-		attrs := []any{"status", 200, "audio_seconds", r.AudioSeconds, "ttfb_ms", ttfb.Milliseconds(),
+		attrs := []any{"status", status, "audio_seconds", r.AudioSeconds, "ttfb_ms", ttfb.Milliseconds(),
 			"total_ms", time.Since(start).Milliseconds(), "rtf", r.RTF, "bytes", sent, "outcome", outcome}
 		if err != nil {
 			log.Warn("speech", append(attrs, "error", err)...)
@@ -219,9 +234,25 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		}
 		log.Info("speech", attrs...)
 	}
+	if job.whole {
+		s.sendWhole(ctx, job.format, body)
+		return
+	}
 	// Headers leave now, even when the first chunk is shorter than a codec frame.
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.SetBodyStream(body, -1)
+}
+
+// sendWhole reads the whole encoded file and sends it with its length and complete headers; a
+// failure before the end is an error response, since nothing has left yet.
+func (s *Server) sendWhole(ctx *fasthttp.RequestCtx, format string, body *audioBody) {
+	b, err := io.ReadAll(body)
+	body.Close()
+	if err != nil {
+		writeError(ctx, newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before the audio was complete"))
+		return
+	}
+	ctx.SetBody(completeHeader(format, b))
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
