@@ -55,6 +55,9 @@ func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
 // maxExcerpt is how many characters of a client's value an error message or a log line quotes.
 const maxExcerpt = 64
 
+// maxVerdict bounds the message of an instance that refused the input.
+const maxVerdict = 512
+
 // excerpt bounds a client-supplied value before it is quoted back or logged: at most maxExcerpt
 // characters, then "…" when there was more. Invalid UTF-8 becomes U+FFFD; quote it with %q so
 // that control characters are escaped.

@@ -142,3 +142,22 @@ func TestConnLoggerCutsRequestBytes(t *testing.T) {
 		t.Fatalf("log %s", out)
 	}
 }
+
+// TestInstanceVerdictReachesTheClient: an instance's refusal of the input is for the client and
+// arrives whole when it is of a reasonable length, bounded when it is not.
+func TestInstanceVerdictReachesTheClient(t *testing.T) {
+	verdict := "text is too long for model tiny: its 5000 prompt tokens and at least 100 speech tokens need more than the LM's 4096 positions (lm.max_positions)"
+	for _, c := range []struct {
+		msg, want string
+	}{
+		{verdict, verdict},
+		{strings.Repeat("v", 10000), strings.Repeat("v", maxVerdict) + "…"},
+	} {
+		url, _ := serveWith(t, tinyModel, nil, ready("a", &fakeSynth{fail: &instance.Error{Kind: instance.ErrInvalid, Msg: c.msg}}, 4))
+		resp, body := do(t, "POST", url+"/v1/audio/speech", `{"input":"hi"}`, nil)
+		var e openAIError
+		if resp.StatusCode != 400 || json.Unmarshal(body, &e) != nil || e.Error.Message != c.want {
+			t.Errorf("%d %.300s", resp.StatusCode, body)
+		}
+	}
+}

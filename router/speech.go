@@ -447,7 +447,9 @@ func synthError(err error) *apiError {
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
 	case errors.As(err, &ie) && ie.Kind == instance.ErrInvalid:
-		return invalid("input", excerpt(ie.Msg))
+		// The instance's verdict is meant for the client (the prompt-token limit, say); it is
+		// bounded all the same, more loosely than a client's own values.
+		return invalid("input", excerptN(ie.Msg, maxVerdict))
 	case errors.As(err, &ie) && ie.Kind == instance.ErrBusy:
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "every instance is at its max_inflight; retry later")
 	case err == nil:
