@@ -24,7 +24,8 @@ test:
 build:
 	CGO_ENABLED=1 $(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/voxmux
 
-# Debian packages the build and the tests need (scripts/debian-packages.txt).
+# Debian packages the build and serving need (scripts/debian-packages.txt); scripts/test.sh adds
+# the tests' own (scripts/debian-packages-test.txt). Waits for another apt's lock; no apt when none is missing.
 deps:
 	scripts/install-deps.sh
 

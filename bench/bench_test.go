@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"image/png"
 	"math"
@@ -514,4 +515,48 @@ func markdown(t *testing.T, rep *Report) string {
 		t.Fatal(err)
 	}
 	return md.String()
+}
+
+// TestAllFailedIsAnError: a sweep in which no request got audio, or a server that cannot be
+// reached, is an error (so `voxmux bench` exits non-zero), and says what went wrong.
+func TestAllFailedIsAnError(t *testing.T) {
+	srv := httptest.NewServer(&fakeTTS{rate: 24000, samplesPerChar: 10})
+	defer srv.Close()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close() // a port nothing listens on
+	for _, c := range []struct {
+		name   string
+		url    string
+		corpus []Sentence
+		warmup int
+		want   string
+	}{
+		{"every request 503", srv.URL, []Sentence{{"en", "FAIL"}}, 0, "HTTP 503 × 2"},
+		{"every warm-up 503", srv.URL, []Sentence{{"en", "FAIL"}}, 2, "warm-up"},
+		{"unreachable", down.URL, testCorpus, 0, "cannot connect × 2"},
+		{"unreachable at warm-up", down.URL, testCorpus, 1, "is the server running"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rep, err := Run(context.Background(), Options{
+				Targets:          []Target{{Name: "fake", URL: c.url}},
+				Concurrency:      []int{1},
+				RequestsPerLevel: 2,
+				Warmup:           c.warmup,
+				Corpus:           c.corpus,
+			})
+			if err == nil {
+				err = rep.Check()
+			}
+			if !errors.Is(err, ErrAllFailed) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.url) {
+				t.Fatalf("error %v, want ErrAllFailed naming %q and the URL", err, c.want)
+			}
+		})
+	}
+	// Some requests failing is a measurement, not an error.
+	rep, err := Run(context.Background(), Options{
+		Targets: []Target{{Name: "fake", URL: srv.URL}}, Concurrency: []int{1}, RequestsPerLevel: 5, Corpus: testCorpus,
+	})
+	if err != nil || rep.Check() != nil {
+		t.Fatalf("partly failing run: %v, %v", err, rep.Check())
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -206,6 +207,10 @@ func runTarget(ctx context.Context, o *Options, t Target) (TargetResult, error) 
 		log.Info("warmup done", "requests", o.Warmup, "failed", failed)
 		if err := ctx.Err(); err != nil {
 			return tr, err
+		}
+		if failed == len(outs) && failed > 0 {
+			// A sweep against a server that is down or refuses everything measures nothing.
+			return tr, fmt.Errorf("%w: %s (%s): all %d warm-up requests failed (%s)", ErrAllFailed, t.Name, t.URL, failed, failureKinds(outs))
 		}
 	}
 	// The target's own stage counters, whatever serves its GPU figures.
@@ -413,6 +418,62 @@ func (g *generator) do(ctx context.Context, s Sentence) (out outcome) {
 	}
 	out.ok = true
 	return out
+}
+
+// ErrAllFailed is what Run and Report.Check return when a target answered no request with audio.
+var ErrAllFailed = errors.New("bench: no request succeeded")
+
+// failureKinds lists the kinds of failures among outs, most frequent first ("connect × 4").
+func failureKinds(outs []outcome) string {
+	counts := map[string]int{}
+	for _, o := range outs {
+		if !o.ok {
+			counts[o.errKind]++
+		}
+	}
+	return kindList(counts)
+}
+
+func kindList(counts map[string]int) string {
+	kinds := make([]string, 0, len(counts))
+	for k := range counts {
+		kinds = append(kinds, k)
+	}
+	sort.Slice(kinds, func(i, j int) bool {
+		if counts[kinds[i]] != counts[kinds[j]] {
+			return counts[kinds[i]] > counts[kinds[j]]
+		}
+		return kinds[i] < kinds[j]
+	})
+	parts := make([]string, len(kinds))
+	for i, k := range kinds {
+		parts[i] = fmt.Sprintf("%s × %d", k, counts[k])
+		if k == "connect" {
+			parts[i] = fmt.Sprintf("cannot connect × %d: is the server running there?", counts[k])
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Check returns an error wrapping ErrAllFailed for each target whose measured requests all
+// failed (a report of nothing but errors is not a measurement); nil otherwise.
+func (r *Report) Check() error {
+	var errs []error
+	for _, t := range r.Targets {
+		requests, ok := 0, 0
+		counts := map[string]int{}
+		for _, l := range t.Levels {
+			requests += l.Requests
+			ok += l.Succeeded
+			for k, n := range l.Errors {
+				counts[k] += n
+			}
+		}
+		if requests > 0 && ok == 0 {
+			errs = append(errs, fmt.Errorf("%w: %s (%s): all %d requests failed (%s)", ErrAllFailed, t.Name, t.URL, requests, kindList(counts)))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func errKind(ctx context.Context, err error, what string) string {

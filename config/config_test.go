@@ -104,6 +104,7 @@ groups:
 			}
 			// The operations sections have their own tests.
 			got.Queue, got.Admin, got.Restart, got.Shutdown = Queue{}, Admin{}, Restart{}, Shutdown{}
+			got.CORS = CORS{} // TestCORS
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}

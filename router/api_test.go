@@ -256,7 +256,7 @@ func TestSSEErrorMidStream(t *testing.T) {
 	last := evs[len(evs)-1]
 	e, _ := last["error"].(map[string]any)
 	if last["type"] != "error" || e == nil || e["type"] != "server_error" || e["code"] != "synthesis_failed" ||
-		!strings.Contains(e["message"].(string), "instance crashed") {
+		strings.Contains(e["message"].(string), "instance crashed") { // the cause stays in the log
 		t.Fatalf("last event %v, want an error event in OpenAI's shape", last)
 	}
 	for _, ev := range evs {

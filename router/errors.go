@@ -2,6 +2,7 @@ package router
 
 import (
 	"encoding/json"
+	"strings"
 
 	"github.com/valyala/fasthttp"
 )
@@ -49,4 +50,28 @@ func writeError(ctx *fasthttp.RequestCtx, e *apiError) {
 	}
 	ctx.SetContentType("application/json")
 	ctx.SetBody(body)
+}
+
+// maxExcerpt is how many characters of a client's value an error message or a log line quotes.
+const maxExcerpt = 64
+
+// maxVerdict bounds the message of an instance that refused the input.
+const maxVerdict = 512
+
+// excerpt bounds a client-supplied value before it is quoted back or logged: at most maxExcerpt
+// characters, then "…" when there was more. Invalid UTF-8 becomes U+FFFD; quote it with %q so
+// that control characters are escaped.
+func excerpt(s string) string { return excerptN(s, maxExcerpt) }
+
+// excerptN is excerpt with a limit of max characters.
+func excerptN(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	n := 0
+	for i := range s {
+		if n == max {
+			return s[:i] + "…"
+		}
+		n++
+	}
+	return s
 }

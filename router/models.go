@@ -43,3 +43,23 @@ func (s *Server) models(ctx *fasthttp.RequestCtx, id string) {
 	ctx.SetContentType("application/json")
 	ctx.SetBody(b)
 }
+
+// audioModels answers GET /v1/audio/models, the list TTS clients such as Open WebUI read to offer
+// a model: "models", [{"id","name"}], beside the OpenAI-style "data" of GET /v1/models.
+func (s *Server) audioModels(ctx *fasthttp.RequestCtx) {
+	m := s.o.Pool.Model()
+	created := s.started.Unix()
+	ids := append([]string{m.Name}, s.o.ModelAliases...)
+	body := struct {
+		Object string       `json:"object"`
+		Data   []modelInfo  `json:"data"`
+		Models []namedEntry `json:"models"`
+	}{Object: "list", Data: make([]modelInfo, len(ids)), Models: make([]namedEntry, len(ids))}
+	for i, id := range ids {
+		body.Data[i] = modelInfo{ID: id, Object: "model", Created: created, OwnedBy: "voxmux"}
+		body.Models[i] = namedEntry{ID: id, Name: id}
+	}
+	b, _ := json.Marshal(body)
+	ctx.SetContentType("application/json")
+	ctx.SetBody(b)
+}

@@ -5,6 +5,8 @@ package router
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -21,6 +23,10 @@ import (
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
 const MaxBodyBytes = 1 << 20
 
+// ReadBufferSize bounds a request's line and headers together. fasthttp's default, 4 KiB, turns
+// away browsers behind proxies that carry many cookies; beyond this a request gets 431.
+const ReadBufferSize = 32 << 10
+
 // Options configure a Server.
 type Options struct {
 	// Metrics, when set, is served at GET /metrics in Prometheus' text format.
@@ -33,6 +39,8 @@ type Options struct {
 	// APIKeys, when not empty, are the keys /v1/* requires as Authorization: Bearer KEY. The
 	// status page, /status.json, /metrics, /healthz and /readyz stay open.
 	APIKeys map[string]struct{}
+	// CORS, when set with origins, lets pages on those origins call /v1/*; nil leaves CORS off.
+	CORS *CORSOptions
 	// RequestMetrics records requests, latencies and the pool's figures (NewMetrics); nil records
 	// nothing.
 	RequestMetrics *Metrics
@@ -74,12 +82,27 @@ func New(o Options) *Server {
 		// Well over the API limit, so that fasthttp reads an oversized body whole and we answer
 		// 413 in OpenAI's shape; beyond this fasthttp's ErrorHandler answers and closes.
 		MaxRequestBodySize: 16 * MaxBodyBytes,
+		ReadBufferSize:     ReadBufferSize,
 		ErrorHandler:       s.readError,
 		ReadTimeout:        30 * time.Second,
 		IdleTimeout:        2 * time.Minute,
 		CloseOnShutdown:    true,
+		Logger:             connLogger{o.Logger},
 	}
 	return s
+}
+
+// connLogger takes fasthttp's own messages about connections. Their text quotes the bytes of a
+// request it could not parse (an Authorization header among them), so that part is cut, and the
+// rest is bounded; they log at debug level, since each request has its own line already.
+type connLogger struct{ l *slog.Logger }
+
+func (c connLogger) Printf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	if i := strings.Index(msg, "buffer size="); i >= 0 {
+		msg = msg[:i] + "…"
+	}
+	c.l.Debug("http connection", "error", excerptN(msg, 200))
 }
 
 // Serve serves HTTP on ln until Shutdown.
@@ -99,10 +122,11 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 	path := string(ctx.Path())
 	route := routeOf(path)
 	if strings.HasPrefix(path, "/v1/") {
-		id := string(ctx.Request.Header.Peek("X-Request-Id"))
-		if id == "" {
-			id = newRequestID()
+		if s.preflight(ctx) {
+			return // browsers send no key with a preflight
 		}
+		defer s.corsResponse(ctx)
+		id := requestID(ctx.Request.Header.Peek("X-Request-Id"))
 		ctx.Response.Header.Set("X-Request-Id", id)
 		ctx.SetUserValue(userRequestID, id)
 		if !s.authorized(ctx) {
@@ -128,7 +152,7 @@ const (
 )
 
 // routes are the paths that get their own label in voxmux_requests_total.
-var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/readyz"}
+var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/health", "/readyz"}
 
 func routeOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
@@ -168,20 +192,26 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 		}
 		s.speech(ctx)
 	case path == "/v1/audio/voices":
-		if !ctx.IsGet() {
-			s.methodNotAllowed(ctx, "GET")
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.voices(ctx)
+	case path == "/v1/audio/models":
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
+			return
+		}
+		s.audioModels(ctx)
 	case path == "/v1/models" || strings.HasPrefix(path, "/v1/models/"):
-		if !ctx.IsGet() {
-			s.methodNotAllowed(ctx, "GET")
+		if !readable(ctx) {
+			s.methodNotAllowed(ctx, "GET, HEAD")
 			return
 		}
 		s.models(ctx, strings.TrimPrefix(strings.TrimPrefix(path, "/v1/models"), "/"))
 	case path == "/metrics" && s.metrics != nil:
 		s.metrics(ctx)
-	case path == "/healthz":
+	case path == "/healthz" || path == "/health": // /health is the path other TTS servers probe
 		ctx.SetContentType("text/plain; charset=utf-8")
 		ctx.SetBodyString("ok\n")
 	case path == "/readyz":
@@ -196,17 +226,17 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 		default:
 			ctx.SetBodyString("ready\n")
 		}
-	case path == "/status.json" && ctx.IsGet():
+	case path == "/status.json" && readable(ctx):
 		s.statusJSON(ctx)
-	case (path == "/" || strings.HasPrefix(path, "/status/")) && ctx.IsGet() && s.statusFile(ctx, path):
+	case (path == "/" || strings.HasPrefix(path, "/status/")) && readable(ctx) && s.statusFile(ctx, path):
 	default:
-		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+path))
+		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+excerpt(path)))
 	}
 }
 
 func (s *Server) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 	writeError(ctx, newError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed",
-		"use "+allow+" for "+string(ctx.Path())))
+		"use "+allow+" for "+excerpt(string(ctx.Path()))))
 	ctx.Response.Header.Set("Allow", allow) // after writeError, which resets the headers
 }
 
@@ -217,5 +247,13 @@ func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 			"request body is larger than 1 MiB"))
 		return
 	}
-	writeError(ctx, newError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "cannot read request: "+err.Error()))
+	// fasthttp's error text quotes the request's bytes (headers, Authorization included): none of
+	// it is echoed.
+	var small *fasthttp.ErrSmallBuffer
+	if errors.As(err, &small) {
+		writeError(ctx, newError(fasthttp.StatusRequestHeaderFieldsTooLarge, "invalid_request_error", "headers_too_large",
+			fmt.Sprintf("request headers are larger than %d KiB", ReadBufferSize>>10)))
+		return
+	}
+	writeError(ctx, newError(fasthttp.StatusBadRequest, "invalid_request_error", "bad_request", "malformed HTTP request"))
 }

@@ -36,6 +36,9 @@ type speechRequest struct {
 	ResponseFormat string          `json:"response_format"`
 	Speed          *float64        `json:"speed"`
 	StreamFormat   string          `json:"stream_format"`
+	// Stream false asks for the whole file in one body with its length (and complete WAV and
+	// FLAC headers) instead of audio as it is made.
+	Stream *bool `json:"stream"`
 }
 
 // speechJob is a validated request.
@@ -45,6 +48,7 @@ type speechJob struct {
 	format string
 	speed  float64 // applied to the audio by the router
 	sse    bool
+	whole  bool // "stream": false
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
@@ -54,15 +58,16 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	var r speechRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&r); err != nil {
-		return nil, invalid("", "request body is not valid JSON: "+err.Error())
+		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
 	}
 	if dec.More() {
 		return nil, invalid("", "request body has data after the JSON object")
 	}
 	m := s.o.Pool.Model()
-	if r.Model != "" && r.Model != m.Name && !slices.Contains(s.o.ModelAliases, r.Model) {
+	// Names and enumerations match case-insensitively (MP3, ALLOY, TTS-1), as clients differ.
+	if r.Model != "" && !strings.EqualFold(r.Model, m.Name) && !slices.ContainsFunc(s.o.ModelAliases, func(a string) bool { return strings.EqualFold(a, r.Model) }) {
 		e := newError(fasthttp.StatusNotFound, "invalid_request_error", "model_not_found",
-			fmt.Sprintf("model %q is not served here; use %q", r.Model, m.Name))
+			fmt.Sprintf("model %q is not served here; use %q", excerpt(r.Model), m.Name))
 		p := "model"
 		e.Param = &p
 		return nil, e
@@ -84,15 +89,16 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	format := r.ResponseFormat
+	format := strings.ToLower(r.ResponseFormat)
 	if format == "" {
 		format = DefaultFormat
 	}
 	if audio.ContentType(format) == "" {
-		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(audio.Formats(), ", ")))
+		return nil, invalid("response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", excerpt(format), strings.Join(audio.Formats(), ", ")))
 	}
-	if r.StreamFormat != "" && r.StreamFormat != "audio" && r.StreamFormat != "sse" {
-		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", r.StreamFormat))
+	streamFormat := strings.ToLower(r.StreamFormat)
+	if streamFormat != "" && streamFormat != "audio" && streamFormat != "sse" {
+		return nil, invalid("stream_format", fmt.Sprintf("stream_format %q is not supported; use audio or sse", excerpt(r.StreamFormat)))
 	}
 	speed := 1.0
 	if r.Speed != nil {
@@ -101,7 +107,13 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
+	if r.Stream != nil && !*r.Stream {
+		if job.sse {
+			return nil, invalid("stream", `"stream": false asks for one whole file; stream_format "sse" is a stream of events`)
+		}
+		job.whole = true
+	}
 	if m.Instructions {
 		job.req.Instructions = r.Instructions
 	} // else accepted and dropped: the model cannot follow them
@@ -131,15 +143,18 @@ func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
 		}
 		name = obj.ID
 	}
+	fold := func(v string) bool { return strings.EqualFold(v, name) }
 	switch {
 	case name == "":
 		return voices[0], nil
 	case slices.Contains(voices, name):
 		return name, nil
-	case slices.Contains(openAIVoices, name):
+	case slices.ContainsFunc(voices, fold): // the first that matches but for case
+		return voices[slices.IndexFunc(voices, fold)], nil
+	case slices.ContainsFunc(openAIVoices, fold):
 		return voices[0], nil
 	}
-	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", name, strings.Join(voices, ", ")))
+	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", excerpt(name), strings.Join(voices, ", ")))
 }
 
 func (s *Server) speech(ctx *fasthttp.RequestCtx) {
@@ -194,11 +209,16 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		ctx.Response.Header.Set("Cache-Control", "no-cache")
 	} else {
 		ctx.SetContentType(audio.ContentType(job.format))
+		ctx.Response.Header.Set("Content-Disposition", `attachment; filename="speech.`+job.format+`"`)
 	}
 	body.secondsOf = func(samples int) float64 { return float64(samples) / float64(first.SampleRate) / job.speed }
 	body.done = func(outcome string, samples int, sent int64, err error) {
 		modelSecs := float64(samples) / float64(first.SampleRate)
-		r := recentRequest{At: start, Status: fasthttp.StatusOK, Format: job.format, Voice: job.req.Voice, Chars: chars,
+		status := fasthttp.StatusOK
+		if job.whole && outcome != "ok" {
+			status = fasthttp.StatusBadGateway // nothing had left: the client gets an error
+		}
+		r := recentRequest{At: start, Status: status, Format: job.format, Voice: job.req.Voice, Chars: chars,
 			AudioSeconds: modelSecs / job.speed, TTFBMillis: millis(ttfb), TotalMillis: millis(time.Since(start)), Outcome: outcome}
 		if outcome == "ok" && modelSecs > 0 {
 			// Synthesis time over the audio the model made (before any speed change).
@@ -206,7 +226,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		}
 		s.recent.add(r)
 		s.o.RequestMetrics.spoke(r, outcome, sent)
-		attrs := []any{"status", 200, "audio_seconds", r.AudioSeconds, "ttfb_ms", ttfb.Milliseconds(),
+		attrs := []any{"status", status, "audio_seconds", r.AudioSeconds, "ttfb_ms", ttfb.Milliseconds(),
 			"total_ms", time.Since(start).Milliseconds(), "rtf", r.RTF, "bytes", sent, "outcome", outcome}
 		if err != nil {
 			log.Warn("speech", append(attrs, "error", err)...)
@@ -214,9 +234,25 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		}
 		log.Info("speech", attrs...)
 	}
+	if job.whole {
+		s.sendWhole(ctx, job.format, body)
+		return
+	}
 	// Headers leave now, even when the first chunk is shorter than a codec frame.
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.SetBodyStream(body, -1)
+}
+
+// sendWhole reads the whole encoded file and sends it with its length and complete headers; a
+// failure before the end is an error response, since nothing has left yet.
+func (s *Server) sendWhole(ctx *fasthttp.RequestCtx, format string, body *audioBody) {
+	b, err := io.ReadAll(body)
+	body.Close()
+	if err != nil {
+		writeError(ctx, newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before the audio was complete"))
+		return
+	}
+	ctx.SetBody(completeHeader(format, b))
 }
 
 func millis(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -295,7 +331,8 @@ func (b *audioBody) fail(err error) {
 	}
 	b.midErr = err
 	b.ended = io.EOF
-	e := newError(fasthttp.StatusInternalServerError, "server_error", "synthesis_failed", "synthesis failed after audio was sent: "+err.Error())
+	// The cause stays in the log (done): it is instance text, not the client's business.
+	e := newError(fasthttp.StatusInternalServerError, "server_error", "synthesis_failed", "synthesis failed after audio was sent")
 	ev, _ := json.Marshal(struct {
 		Type  string    `json:"type"`
 		Error *apiError `json:"error"`
@@ -397,7 +434,9 @@ func retryable(err error) bool {
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
-// synthError maps a failure before any audio to an HTTP error.
+// synthError maps a failure before any audio to an HTTP error. Only the router's own messages and
+// an instance's verdict on the input reach the client; anything else an instance or its
+// connection says (socket paths, gRPC transport text) stays in the log line.
 func synthError(err error) *apiError {
 	var ie *tts.Error
 	switch {
@@ -408,15 +447,17 @@ func synthError(err error) *apiError {
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
 	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:
-		return invalid("input", ie.Msg)
+		// The instance's verdict is meant for the client (the prompt-token limit, say); it is
+		// bounded all the same, more loosely than a client's own values.
+		return invalid("input", excerptN(ie.Msg, maxVerdict))
 	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
-		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", ie.Msg)
-	case errors.As(err, &ie) && ie.Kind == tts.ErrNotReady:
-		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", ie.Msg)
+		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "every instance is at its max_inflight; retry later")
 	case err == nil:
 		return newError(fasthttp.StatusInternalServerError, "server_error", "no_audio", "the model produced no audio for this input")
 	}
-	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed: "+err.Error())
+	// An instance the pool took as ready failed (ErrNotReady here is a process that died or is
+	// going away between the pool's pick and the call: a connection refused, for one).
+	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before any audio")
 }
 
 func newRequestID() string {

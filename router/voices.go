@@ -6,27 +6,37 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// voiceList is the body of GET /v1/audio/voices, shaped like OpenAI's lists ({"object":"list",
-// "data":[...]}). OpenAI's own voice names (alloy, ...) are accepted too and are not listed: they
-// map to the first voice.
+// voiceList is the body of GET /v1/audio/voices. It is shaped like OpenAI's lists ({"object":"list",
+// "data":[...]}) and also carries "voices", [{"id","name"}], which is what Open WebUI reads (it
+// ignores "data" and would show no voice without it). OpenAI's own voice names (alloy, ...) are
+// accepted too and are not listed: they map to the first voice.
 type voiceList struct {
-	Object string      `json:"object"`
-	Model  string      `json:"model"`
-	Data   []voiceInfo `json:"data"`
+	Object string       `json:"object"`
+	Model  string       `json:"model"`
+	Data   []voiceInfo  `json:"data"`
+	Voices []namedEntry `json:"voices"`
 }
 
 type voiceInfo struct {
 	ID     string `json:"id"`
 	Object string `json:"object"`
+	Name   string `json:"name"`
+}
+
+// namedEntry is an item of the lists Open WebUI reads ("voices", "models").
+type namedEntry struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
 }
 
 // voices lists the voices the served model has, in the order the model gives them (the first is
 // the default).
 func (s *Server) voices(ctx *fasthttp.RequestCtx) {
 	m := s.o.Pool.Model()
-	l := voiceList{Object: "list", Model: m.Name, Data: make([]voiceInfo, len(m.Voices))}
+	l := voiceList{Object: "list", Model: m.Name, Data: make([]voiceInfo, len(m.Voices)), Voices: make([]namedEntry, len(m.Voices))}
 	for i, v := range m.Voices {
-		l.Data[i] = voiceInfo{ID: v, Object: "voice"}
+		l.Data[i] = voiceInfo{ID: v, Object: "voice", Name: v}
+		l.Voices[i] = namedEntry{ID: v, Name: v}
 	}
 	body, _ := json.Marshal(l)
 	ctx.SetContentType("application/json")

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
-scripts/install-deps.sh
+scripts/install-deps.sh test
 scripts/install-onnxruntime.sh third_party/onnxruntime
 consul_log=$(mktemp)
 scripts/install-consul.sh > "$consul_log" 2>&1 &

@@ -82,10 +82,26 @@ func TestEndToEndKeysLogsMetrics(t *testing.T) {
 
 	// The stage counters arrive with the router's next Health poll (every 2 s).
 	var fams map[string]*dto.MetricFamily
+	// The stage counters come from the instances' Health, which the router polls: wait for a poll
+	// that saw every request above (the warm-up and four: at least 5 items in each stage).
+	stageItems := func() map[string]float64 {
+		stages := map[string]float64{}
+		if f := fams["voxmux_stage_batch_items_total"]; f != nil {
+			for _, m := range f.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "stage" {
+						stages[l.GetValue()] = m.Counter.GetValue()
+					}
+				}
+			}
+		}
+		return stages
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		fams = scrapeMetrics(t, s.url)
-		if fams["voxmux_stage_batches_total"] != nil || time.Now().After(deadline) {
+		st := stageItems()
+		if min(st["lm_prefill"], st["lm_decode"], st["flow"], st["vocoder"]) >= 5 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(200 * time.Millisecond)
@@ -133,16 +149,7 @@ func TestEndToEndKeysLogsMetrics(t *testing.T) {
 			}
 		}
 	}
-	stages := map[string]float64{}
-	if f := fams["voxmux_stage_batch_items_total"]; f != nil {
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "stage" {
-					stages[l.GetValue()] = m.Counter.GetValue()
-				}
-			}
-		}
-	}
+	stages := stageItems()
 	for _, st := range []string{"lm_prefill", "lm_decode", "flow", "vocoder"} {
 		// The warm-up and the four requests above: at least 5 prefilled sequences.
 		if stages[st] < 5 {

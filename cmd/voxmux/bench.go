@@ -29,7 +29,9 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 		Long: "bench sends streaming POST /v1/audio/speech requests to a running server at each concurrency level,\n" +
 			"from a fixed corpus of English, Chinese and Spanish sentences, and writes bench.md, bench.json and\n" +
 			"bench.png to --out. With --compare it runs the same sweep against a second server (a baseline) and\n" +
-			"states the first server's throughput and latency as ratios to it.",
+			"states the first server's throughput and latency as ratios to it. It exits with status 1 when no\n" +
+			"request to a server got audio (the server is down, or refused them all), after writing the report;\n" +
+			"when every warm-up request fails it stops there.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.RequestsPerLevel < 0 {
@@ -71,6 +73,9 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 			rep, runErr := bench.Run(ctx, o)
 			if rep == nil {
 				return runErr
+			}
+			if runErr == nil {
+				runErr = rep.Check() // every request failed: exit non-zero, after writing the report
 			}
 			if err := rep.WriteFiles(outDir); err != nil {
 				return errors.Join(runErr, err)

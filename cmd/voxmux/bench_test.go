@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -134,5 +135,25 @@ func TestBenchStages(t *testing.T) {
 	}
 	if got := stagesLoad(c, c.Groups[0], "", []int{1}).MaxInflight; got != c.Groups[0].MaxInflight {
 		t.Errorf("batch 1: the pipeline takes %d sequences, want the group's %d", got, c.Groups[0].MaxInflight)
+	}
+}
+
+// TestBenchCommandFailsWhenNothingAnswers: a server that is not there makes `voxmux bench` fail
+// (exit status 1), naming the URL, after writing the report.
+func TestBenchCommandFailsWhenNothingAnswers(t *testing.T) {
+	url := "http://" + freePort(t) // nothing listens there
+	for _, warmup := range []string{"0", "1"} {
+		out := t.TempDir()
+		cmd := benchCmd(nil)
+		cmd.SetOut(&bytes.Buffer{})
+		cmd.SetErr(&bytes.Buffer{})
+		cmd.SetArgs([]string{"--url", url, "--concurrency", "1", "--requests-per-level", "2", "--warmup", warmup, "--out", out, "--quiet"})
+		err := cmd.Execute()
+		if !errors.Is(err, bench.ErrAllFailed) || !strings.Contains(err.Error(), url) {
+			t.Errorf("--warmup %s: error %v, want one saying no request succeeded at %s", warmup, err, url)
+		}
+		if _, err := os.Stat(filepath.Join(out, "bench.json")); err != nil {
+			t.Errorf("--warmup %s: no report: %v", warmup, err)
+		}
 	}
 }

@@ -83,6 +83,10 @@ func ctlCmd() *cobra.Command {
 	return cmd
 }
 
+// adminHint says where the admin API's address comes from.
+const adminHint = "The admin API is off unless the server's config sets admin.listen (e.g. admin: {listen: 127.0.0.1:9090, token_env: VOXMUX_ADMIN_TOKEN});\n" +
+	"is the server running with it, and is --admin its address?"
+
 type adminClient struct {
 	base, token string
 }
@@ -95,10 +99,20 @@ func (a *adminClient) do(ctx context.Context, method, path string, out any) erro
 	req.Header.Set("Authorization", "Bearer "+a.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("admin API %s: %w", a.base, err)
+		if ctx.Err() != nil {
+			return fmt.Errorf("admin API %s: %w", a.base, err)
+		}
+		return fmt.Errorf("cannot reach the admin API at %s: %w\n"+adminHint, a.base, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	switch {
+	case resp.StatusCode == http.StatusUnauthorized:
+		return fmt.Errorf("%s %s%s: 401: the admin token is missing or wrong; pass --token or set $VOXMUX_ADMIN_TOKEN to the server's admin.token (or the variable its admin.token_env names)", method, a.base, path)
+	case resp.StatusCode == http.StatusNotFound && path == "/admin/groups":
+		// Something answers there, but not the admin API: the speech API's port, for one.
+		return fmt.Errorf("%s does not serve the admin API (GET /admin/groups: 404)\n"+adminHint, a.base)
+	}
 	if resp.StatusCode != 200 {
 		var e struct {
 			Error any `json:"error"`

@@ -124,6 +124,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 		RequestTimeout: cfg.RequestTimeout.Std(),
 		ModelAliases:   cfg.Aliases(),
 		APIKeys:        apiKeys,
+		CORS:           &router.CORSOptions{Origins: cfg.CORS.Origins(), MaxAge: cfg.CORS.MaxAge.Std()},
 		GroupExtra:     gpuView(mon),
 		Logger:         log,
 	})

@@ -33,38 +33,10 @@ func TestStatusPageInChromium(t *testing.T) {
 	}
 	want := float64(len(pcm)) / 2 / 24000
 
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("autoplay-policy", "no-user-gesture-required"),
-		chromedp.WindowSize(1100, 1000),
-	)
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	defer cancelAlloc()
-	var console strings.Builder
-	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(func(f string, a ...any) { fmt.Fprintf(&console, f+"\n", a...) }))
-	defer cancelBrowser()
-	defer func() {
-		if t.Failed() {
-			t.Logf("browser log:\n%s", console.String())
-		}
-	}()
-
+	bctx := openPage(t, chromium, s.url)
 	css := func(s string) chromedp.CSS { return chromedp.CSS(s) }
-	if err := chromedp.Do(bctx,
-		chromedp.Navigate(s.url+"/"),
-		chromedp.WaitReady(css(`body[data-ready="true"]`)),
-	); err != nil {
-		t.Fatalf("load the page: %v", err)
-	}
-	if visible, err := chromedp.Run(bctx, chromedp.Evaluate[bool](`!document.getElementById("key-label").hidden`)); err != nil || !visible {
-		t.Fatalf("API keys are on but the page has no key field (%v)", err)
+	if visible, err := chromedp.Run(bctx, chromedp.Evaluate[bool](keyFieldShown)); err != nil || !visible {
+		t.Fatalf("API keys are on but the page shows no key field (%v)", err)
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.SendKeys(css("#key"), key+kb.Tab),
@@ -122,5 +94,57 @@ func TestStatusPageInChromium(t *testing.T) {
 		if png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100)); err == nil {
 			os.WriteFile(p, png, 0o644)
 		}
+	}
+}
+
+// keyFieldShown is true when the page lays out the API key field: what a person sees, not only
+// the hidden attribute (a stylesheet's display rule can override it).
+const keyFieldShown = `(el => el.getClientRects().length > 0 && getComputedStyle(el).display !== "none")(document.getElementById("key-label"))`
+
+// openPage loads the status page at url in headless Chromium and waits until it has read
+// /status.json; the browser closes with the test.
+func openPage(t *testing.T, chromium, url string) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	t.Cleanup(cancel)
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("autoplay-policy", "no-user-gesture-required"),
+		chromedp.WindowSize(1100, 1000),
+	)
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	var console strings.Builder
+	bctx, cancelBrowser := chromedp.NewContext(actx, chromedp.WithLogf(func(f string, a ...any) { fmt.Fprintf(&console, f+"\n", a...) }))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("browser log:\n%s", console.String())
+		}
+		cancelBrowser()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(bctx,
+		chromedp.Navigate(url+"/"),
+		chromedp.WaitReady(chromedp.CSS(`body[data-ready="true"]`)),
+	); err != nil {
+		t.Fatalf("load the page: %v", err)
+	}
+	return bctx
+}
+
+// Without API keys the page shows no key field, as a person sees it.
+func TestStatusPageHidesKeyFieldWithoutKeys(t *testing.T) {
+	needCommand(t, "chromium")
+	chromium, _ := exec.LookPath("chromium")
+	listen := freePort(t)
+	s := startServe(t, writeConfig(t, listen, "  - name: cpu\n    instances: 1\n"), listen)
+	bctx := openPage(t, chromium, s.url)
+	shown, err := chromedp.Run(bctx, chromedp.Evaluate[bool](keyFieldShown))
+	if err != nil || shown {
+		t.Fatalf("no API keys are configured but the page shows a key field (%v)", err)
 	}
 }
