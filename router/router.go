@@ -5,6 +5,7 @@ package router
 import (
 	"context"
 	"crypto/subtle"
+	"fmt"
 	"log/slog"
 	"net"
 	"slices"
@@ -28,6 +29,9 @@ type Options struct {
 	Pool           *Pool
 	MaxInputChars  int
 	RequestTimeout time.Duration
+	// WriteTimeout bounds each write to a client: a whole small response, each piece of an audio
+	// stream. A client that reads nothing for this long is cut off and its slot freed.
+	WriteTimeout time.Duration
 	// ModelAliases are other names clients may send as "model" (besides the model's own).
 	ModelAliases []string
 	// APIKeys, when not empty, are the keys /v1/* requires as Authorization: Bearer KEY. The
@@ -76,11 +80,19 @@ func New(o Options) *Server {
 		MaxRequestBodySize: 16 * MaxBodyBytes,
 		ErrorHandler:       s.readError,
 		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       o.WriteTimeout,
 		IdleTimeout:        2 * time.Minute,
 		CloseOnShutdown:    true,
+		Logger:             debugPrintf{o.Logger},
 	}
 	return s
 }
+
+// debugPrintf takes fasthttp's own messages (mostly a connection that failed mid-response, which
+// the request's line already reports) into the server's log, at debug level.
+type debugPrintf struct{ l *slog.Logger }
+
+func (d debugPrintf) Printf(format string, args ...any) { d.l.Debug(fmt.Sprintf(format, args...)) }
 
 // Serve serves HTTP on ln until Shutdown.
 func (s *Server) Serve(ln net.Listener) error { return s.srv.Serve(ln) }
