@@ -36,6 +36,7 @@ type LaunchConfig struct {
 type Process struct {
 	Instance
 	client *goplugin.Client
+	cmd    *exec.Cmd
 }
 
 // Launch starts an instance process and completes the handshake.
@@ -84,15 +85,34 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		client.Kill()
 		return nil, fmt.Errorf("instance %s: plugin is %T, not an Instance", lc.Name, raw)
 	}
-	return &Process{Instance: inst, client: client}, nil
+	return &Process{Instance: inst, client: client, cmd: cmd}, nil
 }
 
 // Stop ends the process through go-plugin (graceful shutdown, then a kill after a grace period).
 // Signals are not used: ONNX Runtime's CUDA provider replaces the instance's signal handlers.
 func (p *Process) Stop() { p.client.Kill() }
 
+// Kill ends a process that does not answer: go-plugin's graceful stop asks the process over RPC
+// and would wait on a stopped one forever, so SIGKILL goes first (a signal the CUDA provider
+// cannot catch), then go-plugin cleans up.
+func (p *Process) Kill() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	p.Stop()
+}
+
 // Exited reports whether the process has ended.
 func (p *Process) Exited() bool { return p.client.Exited() }
+
+// ExitStatus says how the process ended ("exit status 2", "signal: killed"); "" while it runs.
+func (p *Process) ExitStatus() string {
+	// go-plugin marks the client exited only after cmd.Wait has returned, so ProcessState is set.
+	if !p.client.Exited() || p.cmd.ProcessState == nil {
+		return ""
+	}
+	return p.cmd.ProcessState.String()
+}
 
 // PID is the instance's process ID, 0 when unknown.
 func (p *Process) PID() int {

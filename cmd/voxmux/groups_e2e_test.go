@@ -144,6 +144,7 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 	results := wait()
 
 	served := map[string]int{}
+	died := 0
 	for _, o := range results {
 		switch {
 		case o.status == 200 && o.complete:
@@ -151,9 +152,15 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 		case o.status == 200 && o.instance == victim.Name:
 			// Audio had left when the instance died: the body is cut, which the client sees.
 			t.Logf("cut mid-stream on %s after %d bytes: %v", o.instance, o.bytes, o.err)
+		case o.status == 502:
+			// On the victim before any audio: not retried elsewhere, as it may have killed it.
+			died++
 		default:
 			t.Errorf("request failed: status %d on %q (complete %v): %v", o.status, o.instance, o.complete, o.err)
 		}
+	}
+	if died > 4 {
+		t.Errorf("%d requests failed with 502; only those on the victim (max_inflight 4) may", died)
 	}
 	// On a slow machine g0's streams may all still be running when it dies (they are cut above);
 	// what must hold is that the other group kept serving and nothing else failed.
@@ -166,6 +173,10 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 	back := v.Groups[0].Instances[0]
 	if back.Restarts < 1 || back.PID == victim.PID || back.PID == 0 {
 		t.Fatalf("victim not restarted: %+v", back)
+	}
+	// Its death is logged with why.
+	if !strings.Contains(s.logs.String(), `"msg":"instance died","instance":"g0/0","why":"process exited (signal: killed)"`) {
+		t.Errorf("no log of the death with its cause")
 	}
 }
 

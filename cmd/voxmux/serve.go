@@ -92,6 +92,12 @@ func serve(ctx context.Context, cfg *config.Config) error {
 				Max:          cfg.Restart.BackoffMax.Std(),
 				MaxFailures:  cfg.Restart.MaxFailures,
 				StartTimeout: cfg.Restart.StartTimeout.Std(),
+				ResetAfter:   cfg.Restart.ResetAfter.Std(),
+				Liveness: plugin.Liveness{
+					Interval: cfg.Liveness.Interval.Std(),
+					Timeout:  cfg.Liveness.Timeout.Std(),
+					Failures: cfg.Liveness.Failures,
+				},
 			}, plugin.ProcessLauncher, log)
 			members = append(members, m)
 			group.Backends = append(group.Backends, &router.Backend{Name: m.Name(), Synth: m, Member: m, Capacity: g.MaxInflight})
@@ -121,6 +127,7 @@ func serve(ctx context.Context, cfg *config.Config) error {
 		Pool:           pool,
 		MaxInputChars:  cfg.MaxInputChars,
 		RequestTimeout: cfg.RequestTimeout.Std(),
+		WriteTimeout:   cfg.WriteTimeout.Std(),
 		ModelAliases:   cfg.Aliases(),
 		APIKeys:        apiKeys,
 		GroupExtra:     gpuView(mon),

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Fault injection against the real binary: hung instances, clients that never read.
+
+// A hung instance (SIGSTOP) fails its health checks, is killed and replaced; the stream it held is
+// cut within seconds, not after request_timeout, and the group serves again.
+func TestHungInstanceIsReplaced(t *testing.T) {
+	s, admin := startGroups(t, "liveness: {interval: 200ms, timeout: 200ms, failures: 3}\nrequest_timeout: 5m\n", "  - {name: g0, instances: 1}\n")
+	v := waitAllReady(t, admin)
+	victim := v.Groups[0].Instances[0]
+	res := make(chan outcome, 1)
+	go func() { res <- speak(s.url, strings.Repeat("This request is on the instance when it hangs. ", 20)) }()
+	time.Sleep(300 * time.Millisecond)
+	if err := syscall.Kill(victim.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(victim.PID, syscall.SIGKILL)
+	select {
+	case o := <-res:
+		if o.status == 200 && o.complete {
+			t.Logf("the request finished before the instance hung (%d bytes)", o.bytes)
+		} else {
+			t.Logf("the request on the hung instance ended after %v: status %d, %v", o.elapsed, o.status, o.err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stream on the hung instance was not cut")
+	}
+	v = waitAllReady(t, admin)
+	if back := v.Groups[0].Instances[0]; back.PID == victim.PID || back.Restarts < 1 {
+		t.Fatalf("hung instance not replaced: %+v", back)
+	}
+	if alive(victim.PID) {
+		t.Fatalf("the hung process %d still exists", victim.PID)
+	}
+	if o := speak(s.url, "Served again."); o.status != 200 || !o.complete {
+		t.Fatalf("after the replacement: %+v", o)
+	}
+	if !strings.Contains(s.logs.String(), "health checks in a row failed") {
+		t.Error("the kill is not logged with its reason")
+	}
+}
+
+// A client that never reads its audio holds its slot only until the kernel's buffers are full and
+// then write_timeout: a live client queued behind it is served.
+func TestNonReadingClientsFreeTheirSlots(t *testing.T) {
+	s, admin := startGroups(t, "write_timeout: 1s\nqueue: {size: 4, timeout: 1m}\n", "  - {name: g0, instances: 1, max_inflight: 1}\n")
+	waitAllReady(t, admin)
+	addr := strings.TrimPrefix(s.url, "http://")
+	long := strings.Repeat("A client asks for a long answer and never reads a byte of it. ", 60)
+	for i := 0; i < 1; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.(*net.TCPConn).SetReadBuffer(4096)
+		body := fmt.Sprintf(`{"input":%q,"response_format":"pcm"}`, long)
+		fmt.Fprintf(c, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	time.Sleep(500 * time.Millisecond)
+	o := speak(s.url, "A live client.")
+	if o.status != 200 || !o.complete {
+		t.Fatalf("live client behind one that never reads: %+v", o)
+	}
+	if o.elapsed > 50*time.Second {
+		t.Fatalf("served only after %v", o.elapsed)
+	}
+	t.Logf("served after %v", o.elapsed)
+}
