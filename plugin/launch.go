@@ -3,14 +3,13 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 )
 
@@ -25,8 +24,10 @@ type LaunchConfig struct {
 	GPUs []int
 	// HostEnv is the router's environment; only the variables an instance needs are passed on.
 	HostEnv []string
-	// LogOutput receives the go-plugin client's and the instance's log lines.
-	LogOutput io.Writer
+	// Env are more variables for the instance (its log level, for one).
+	Env []string
+	// Logger receives the go-plugin client's and the instance's log lines; nil drops them.
+	Logger *slog.Logger
 	// StartTimeout bounds the handshake.
 	StartTimeout time.Duration
 }
@@ -42,12 +43,13 @@ type Process struct {
 // Launch starts an instance process and completes the handshake.
 func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 	cmd := exec.Command(lc.Executable, lc.Args...)
-	cmd.Env = InstanceEnv(lc.HostEnv, lc.GPUs)
+	// The whole environment is built here: go-plugin is told to add nothing of the host's.
+	cmd.Env = append(InstanceEnv(lc.HostEnv, lc.GPUs), lc.Env...)
 	// The kernel kills the instance when the router dies, even by SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out := lc.LogOutput
-	if out == nil {
-		out = io.Discard
+	log := lc.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	timeout := lc.StartTimeout
 	if timeout == 0 {
@@ -63,29 +65,27 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		// duplicated variable wins: an inherited CUDA_VISIBLE_DEVICES would undo the placement.
 		SkipHostEnv:  true,
 		StartTimeout: timeout,
-		Logger: hclog.New(&hclog.LoggerOptions{
-			Name:       "instance." + lc.Name,
-			Output:     out,
-			Level:      hclog.Info,
-			JSONFormat: true,
-		}),
+		// The instance's lines and go-plugin's own come out through the router's slog handler.
+		Logger: NewHCLogger(log.With("instance", lc.Name)),
 	})
+	p := &Process{client: client, cmd: cmd}
 	rpc, err := client.Client()
 	if err != nil {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("start instance %s: %w", lc.Name, err)
 	}
 	raw, err := rpc.Dispense(Name)
 	if err != nil {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("instance %s: %w", lc.Name, err)
 	}
 	inst, ok := raw.(Instance)
 	if !ok {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("instance %s: plugin is %T, not an Instance", lc.Name, raw)
 	}
-	return &Process{Instance: inst, client: client, cmd: cmd}, nil
+	p.Instance = inst
+	return p, nil
 }
 
 // Stop ends the process through go-plugin (graceful shutdown, then a kill after a grace period).

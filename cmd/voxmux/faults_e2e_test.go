@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"fmt"
 	"net"
 	"strings"
@@ -9,7 +11,8 @@ import (
 	"time"
 )
 
-// Fault injection against the real binary: hung instances, clients that never read.
+// Fault injection against the real binary: hung instances, clients that never read; and the
+// log format the router and its instances share.
 
 // A hung instance (SIGSTOP) fails its health checks, is killed and replaced; the stream it held is
 // cut within seconds, not after request_timeout, and the group serves again.
@@ -75,4 +78,39 @@ func TestNonReadingClientsFreeTheirSlots(t *testing.T) {
 		t.Fatalf("served only after %v", o.elapsed)
 	}
 	t.Logf("served after %v", o.elapsed)
+}
+
+// The router's lines and its instances' (relayed by go-plugin) share one format: slog's JSON with
+// time, level and msg, each instance's lines naming it; durations are strings.
+func TestLogsShareOneFormat(t *testing.T) {
+	listen := freePort(t)
+	s := startServeArgs(t, writeConfig(t, listen, "  - name: g0\n    instances: 1\n"), listen, []string{"--log-level", "debug", "--log-format", "json"})
+	if o := speak(s.url, "Hello."); o.status != 200 {
+		t.Fatalf("speech: %+v", o)
+	}
+	relayed := 0
+	sc := bufio.NewScanner(strings.NewReader(s.logs.String()))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var e map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("not a JSON line: %s", sc.Text())
+		}
+		if e["time"] == nil || e["msg"] == nil || e["level"] == nil || e["@message"] != nil || e["@level"] != nil {
+			t.Fatalf("line in another dialect: %s", sc.Text())
+		}
+		if e["instance"] == "g0/0" && e["logger"] != nil {
+			relayed++
+		}
+		for k, v := range e {
+			if k == "in" || k == "uptime" {
+				if _, ok := v.(string); !ok {
+					t.Errorf("duration %s written as %v", k, v)
+				}
+			}
+		}
+	}
+	if relayed == 0 {
+		t.Fatalf("no relayed instance line at debug level:\n%s", s.logs.String())
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,7 +26,7 @@ import (
 )
 
 func serveCmd() *cobra.Command {
-	var cfgPath, listen string
+	var cfgPath, listen, logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the HTTP router and its inference instances",
@@ -38,16 +39,37 @@ func serveCmd() *cobra.Command {
 			if listen != "" {
 				cfg.Listen = listen
 			}
-			return serve(cmd.Context(), cfg)
+			log, err := newLogger(os.Stderr, logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, log, logLevel)
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "configs/cpu.yaml", "config file")
 	cmd.Flags().StringVar(&listen, "listen", "", "HOST:PORT to serve on (overrides the config's listen)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "least level logged, by the router and its instances: debug, info, warn or error")
+	cmd.Flags().StringVar(&logFormat, "log-format", "json", "log line format: json or text")
 	return cmd
 }
 
-func serve(ctx context.Context, cfg *config.Config) error {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+// newLogger makes the one logger of serve; its instances' lines are relayed through it.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	lv, ok := plugin.ParseLevel(level)
+	if !ok {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: plugin.DurationsAsStrings}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use json or text", format)
+}
+
+func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel string) error {
 	model, err := instance.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
@@ -87,7 +109,10 @@ func serve(ctx context.Context, cfg *config.Config) error {
 	for _, g := range cfg.Groups {
 		group := &router.Group{Name: g.Name, GPUs: g.GPUs}
 		for i := 0; i < g.Instances; i++ {
-			m := plugin.NewMember(memberSpec(cfg, g, i, exe, ortLib), plugin.Backoff{
+			spec := memberSpec(cfg, g, i, exe, ortLib)
+			spec.Launch.Logger = log
+			spec.Launch.Env = []string{plugin.LogLevelEnv + "=" + logLevel}
+			m := plugin.NewMember(spec, plugin.Backoff{
 				Initial:      cfg.Restart.BackoffInitial.Std(),
 				Max:          cfg.Restart.BackoffMax.Std(),
 				MaxFailures:  cfg.Restart.MaxFailures,
@@ -279,7 +304,6 @@ func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) p
 			Name:       name,
 			GPUs:       g.GPUs,
 			HostEnv:    os.Environ(),
-			LogOutput:  os.Stderr,
 		},
 		Load: instance.LoadConfig{
 			Manifest:        cfg.ModelPath(),
