@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -28,6 +29,10 @@ type LaunchConfig struct {
 	Env []string
 	// Logger receives the go-plugin client's and the instance's log lines; nil drops them.
 	Logger *slog.Logger
+	// SocketDir is where the instance's socket directory is made (empty: the system's temporary
+	// folder); each process gets its own, removed when it is stopped, so that a crashed process
+	// leaves no socket behind.
+	SocketDir string
 	// StartTimeout bounds the handshake.
 	StartTimeout time.Duration
 }
@@ -36,15 +41,20 @@ type LaunchConfig struct {
 // A go-plugin client cannot be restarted, so every launch makes a new Process.
 type Process struct {
 	Instance
-	client *goplugin.Client
-	cmd    *exec.Cmd
+	client  *goplugin.Client
+	cmd     *exec.Cmd
+	sockDir string
 }
 
 // Launch starts an instance process and completes the handshake.
 func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
+	sockDir, err := os.MkdirTemp(lc.SocketDir, "instance-")
+	if err != nil {
+		return nil, fmt.Errorf("start instance %s: socket directory: %w", lc.Name, err)
+	}
 	cmd := exec.Command(lc.Executable, lc.Args...)
 	// The whole environment is built here: go-plugin is told to add nothing of the host's.
-	cmd.Env = append(InstanceEnv(lc.HostEnv, lc.GPUs), lc.Env...)
+	cmd.Env = append(append(InstanceEnv(lc.HostEnv, lc.GPUs), lc.Env...), goplugin.EnvUnixSocketDir+"="+sockDir)
 	// The kernel kills the instance when the router dies, even by SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	log := lc.Logger
@@ -68,7 +78,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		// The instance's lines and go-plugin's own come out through the router's slog handler.
 		Logger: NewHCLogger(log.With("instance", lc.Name)),
 	})
-	p := &Process{client: client, cmd: cmd}
+	p := &Process{client: client, cmd: cmd, sockDir: sockDir}
 	rpc, err := client.Client()
 	if err != nil {
 		p.Stop()
@@ -90,7 +100,10 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 
 // Stop ends the process through go-plugin (graceful shutdown, then a kill after a grace period).
 // Signals are not used: ONNX Runtime's CUDA provider replaces the instance's signal handlers.
-func (p *Process) Stop() { p.client.Kill() }
+func (p *Process) Stop() {
+	p.client.Kill()
+	_ = os.RemoveAll(p.sockDir) // a crashed instance leaves its socket
+}
 
 // Kill ends a process that does not answer: go-plugin's graceful stop asks the process over RPC
 // and would wait on a stopped one forever, so SIGKILL goes first (a signal the CUDA provider

@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// Fault injection against the real binary: hung instances, clients that never read; and the
-// log format the router and its instances share.
+// Fault injection against the real binary: hung instances, clients that never read, signals
+// during start-up, and the log format the router and its instances share.
 
 // A hung instance (SIGSTOP) fails its health checks, is killed and replaced; the stream it held is
 // cut within seconds, not after request_timeout, and the group serves again.
@@ -78,6 +81,47 @@ func TestNonReadingClientsFreeTheirSlots(t *testing.T) {
 		t.Fatalf("served only after %v", o.elapsed)
 	}
 	t.Logf("served after %v", o.elapsed)
+}
+
+// SIGTERM while the instances start shuts serve down cleanly (exit 0), and serve leaves no
+// socket folder behind.
+func TestSIGTERMDuringStartUp(t *testing.T) {
+	listen := freePort(t)
+	tmp := t.TempDir()
+	cmd := exec.Command(voxmuxBinary(t), "serve", "--config", writeConfig(t, listen, "  - name: g0\n    instances: 2\n"))
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), `"msg":"listening"`) {
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("serve did not start:\n%s", logs.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve after SIGTERM during start-up: %v\n%s", err, logs.String())
+		}
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("serve did not exit:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), `"msg":"ready"`) {
+		t.Log("an instance was ready before the signal; the clean exit is checked anyway")
+	}
+	left, _ := filepath.Glob(filepath.Join(tmp, "*"))
+	if len(left) != 0 {
+		t.Fatalf("left behind in TMPDIR: %v", left)
+	}
 }
 
 // The router's lines and its instances' (relayed by go-plugin) share one format: slog's JSON with

@@ -174,9 +174,13 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 	if back.Restarts < 1 || back.PID == victim.PID || back.PID == 0 {
 		t.Fatalf("victim not restarted: %+v", back)
 	}
-	// Its death is logged with why.
+	// Its death is logged with why, and the dead process's socket is gone.
 	if !strings.Contains(s.logs.String(), `"msg":"instance died","instance":"g0/0","why":"process exited (signal: killed)"`) {
 		t.Errorf("no log of the death with its cause")
+	}
+	socks, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("voxmux-sockets-%d-*", s.cmd.Process.Pid), "instance-*"))
+	if len(socks) != 2 {
+		t.Errorf("instance socket folders %v, want one per live instance", socks)
 	}
 }
 

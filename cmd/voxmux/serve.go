@@ -70,6 +70,18 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 }
 
 func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel string) error {
+	// First of all, so that a signal during start-up shuts down cleanly rather than killing serve
+	// (and leaving its instances' sockets behind).
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	// The instances' sockets live in a folder of this serve's, removed when it exits; one left by a
+	// serve that was killed is removed by the next.
+	sockDir, err := makeSocketDir(log)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(sockDir)
 	model, err := instance.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
@@ -110,7 +122,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel s
 		group := &router.Group{Name: g.Name, GPUs: g.GPUs}
 		for i := 0; i < g.Instances; i++ {
 			spec := memberSpec(cfg, g, i, exe, ortLib)
-			spec.Launch.Logger = log
+			spec.Launch.Logger, spec.Launch.SocketDir = log, sockDir
 			spec.Launch.Env = []string{plugin.LogLevelEnv + "=" + logLevel}
 			m := plugin.NewMember(spec, plugin.Backoff{
 				Initial:      cfg.Restart.BackoffInitial.Std(),
@@ -165,12 +177,13 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel s
 
 	var admin *router.Admin
 	if cfg.Admin.Listen != "" {
-		token := cfg.Admin.Token
-		if cfg.Admin.TokenEnv != "" {
-			if token = os.Getenv(cfg.Admin.TokenEnv); token == "" {
-				stop()
-				return fmt.Errorf("config %s: admin.token_env: $%s is empty", cfg.File, cfg.Admin.TokenEnv)
-			}
+		token, err := cfg.AdminToken(os.Getenv)
+		if err != nil {
+			stop()
+			return err
+		}
+		if len(token) < config.MinAdminTokenLen {
+			log.Warn("the admin token is short; use at least 16 random characters", "key", "admin.token", "file", cfg.File)
 		}
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -192,8 +205,12 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel s
 		go notifyChanges(supCtx, pool, registrar)
 	}
 
-	if err := awaitFirstReady(ctx, members); err != nil {
+	if err := awaitFirstReady(ctx, members, sig); err != nil {
 		stop()
+		if errors.Is(err, errSignal) {
+			log.Info("stopped during start-up", "signal", err.Error())
+			return nil
+		}
 		return err
 	}
 	auth := ""
@@ -203,8 +220,6 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel s
 	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
 		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
 	case s := <-sig:
 		log.Info("shutting down: /readyz now answers 503", "signal", s.String(), "grace", cfg.Shutdown.Grace.Std())
@@ -250,7 +265,7 @@ func serve(ctx context.Context, cfg *config.Config, log *slog.Logger, logLevel s
 // awaitFirstReady waits until an instance is ready. If instead every instance has failed its
 // first start (a broken model, a provider that cannot load), it returns their errors, so that a
 // misconfigured server exits at once rather than retrying forever.
-func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
+func awaitFirstReady(ctx context.Context, members []*plugin.Member, sig <-chan os.Signal) error {
 	for {
 		var errs []error
 		chs := make([]<-chan struct{}, len(members))
@@ -270,10 +285,15 @@ func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case s := <-sig:
+			return fmt.Errorf("%s: %w", s, errSignal)
 		case <-anyOf(chs):
 		}
 	}
 }
+
+// errSignal ends the start-up when serve is told to stop.
+var errSignal = errors.New("signal")
 
 func anyOf(chs []<-chan struct{}) <-chan struct{} {
 	out := make(chan struct{})
