@@ -83,6 +83,40 @@ func TestNonReadingClientsFreeTheirSlots(t *testing.T) {
 	t.Logf("served after %v", o.elapsed)
 }
 
+// Clients that leave while queued give up their places: a live client behind them is queued and
+// served, not refused (a full queue of ghosts used to refuse it with 429).
+func TestGhostClientsLeaveTheQueue(t *testing.T) {
+	s, admin := startGroups(t, "queue: {size: 2, timeout: 1m}\n", "  - {name: g0, instances: 1, max_inflight: 1}\n")
+	waitAllReady(t, admin)
+	addr := strings.TrimPrefix(s.url, "http://")
+	busy := make(chan outcome, 1)
+	go func() { busy <- speak(s.url, strings.Repeat("This request keeps the only slot busy for a while. ", 3)) }()
+	time.Sleep(300 * time.Millisecond)
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf(`{"input":"A ghost number %d.","response_format":"pcm"}`, i)
+		fmt.Fprintf(c, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		time.Sleep(100 * time.Millisecond)
+		c.Close()
+	}
+	time.Sleep(300 * time.Millisecond)
+	if v := groupsView(t, admin); v.QueueLength != 0 {
+		t.Fatalf("%d ghosts still queued", v.QueueLength)
+	}
+	if o := speak(s.url, "A live client."); o.status != 200 || !o.complete {
+		t.Fatalf("live client behind two ghosts: %+v", o)
+	}
+	if o := <-busy; o.status != 200 || !o.complete {
+		t.Fatalf("the busy request: %+v", o)
+	}
+	if n := strings.Count(s.logs.String(), `"status":499`); n != 2 {
+		t.Fatalf("%d requests logged as left by their client, want 2", n)
+	}
+}
+
 // SIGTERM while the instances start shuts serve down cleanly (exit 0), and serve leaves no
 // socket folder behind.
 func TestSIGTERMDuringStartUp(t *testing.T) {

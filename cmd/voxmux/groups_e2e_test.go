@@ -329,6 +329,11 @@ func TestAdminAPI(t *testing.T) {
 	if code := adminCall(t, "POST", admin+"/admin/groups/g1/restart", nil); code != 409 {
 		t.Fatalf("restart of the last ready group: %d, want 409", code)
 	}
+	// A rolling restart while g0 is drained answers at once: g0 will not come back by itself.
+	start := time.Now()
+	if code := adminCall(t, "POST", admin+"/admin/restart", nil); code != 409 || time.Since(start) > 5*time.Second {
+		t.Fatalf("rolling restart with a drained group: %d after %v, want 409 at once", code, time.Since(start))
+	}
 	if code := adminCall(t, "POST", admin+"/admin/groups/g0/resume", nil); code != 200 {
 		t.Fatalf("resume: %d", code)
 	}
