@@ -20,7 +20,9 @@ type stateMember struct {
 	restarts int
 }
 
-func newStateMember(s instance.State) *stateMember { return &stateMember{state: s, ch: make(chan struct{})} }
+func newStateMember(s instance.State) *stateMember {
+	return &stateMember{state: s, ch: make(chan struct{})}
+}
 
 func (f *stateMember) Synthesize(context.Context, instance.Request, func(instance.Chunk) error) error {
 	return nil

@@ -19,7 +19,9 @@ import (
 // diedErr stands for plugin.DiedError, which the router knows only by its method.
 type diedErr struct{}
 
-func (diedErr) Error() string      { return "instance a/0 died during the request: process exited (signal: killed)" }
+func (diedErr) Error() string {
+	return "instance a/0 died during the request: process exited (signal: killed)"
+}
 func (diedErr) InstanceDied() bool { return true }
 
 // A request whose instance died under it is not retried on another instance (it may be what
@@ -195,4 +197,3 @@ func TestSlowReaderIsCutAfterWriteTimeout(t *testing.T) {
 		t.Fatalf("long stream: %d bytes, %v", len(b), err)
 	}
 }
-
