@@ -173,6 +173,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		log.Info("speech", "status", statusClientGone, "error", "the client left before any audio", "total_ms", time.Since(start).Milliseconds())
 		s.recent.add(recentRequest{At: start, Status: statusClientGone, Format: job.format, Voice: job.req.Voice, Chars: chars,
 			TotalMillis: millis(time.Since(start)), Outcome: "client_gone"})
+		ctx.SetStatusCode(statusClientGone) // for the metrics; nobody reads it
 		ctx.SetConnectionClose()
 		return
 	}
