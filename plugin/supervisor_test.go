@@ -259,3 +259,14 @@ func TestBusyInstanceIsWaitedForBriefly(t *testing.T) {
 		t.Fatalf("err %v after %d calls", err, calls.Load())
 	}
 }
+
+// The instance's environment is built whole: a socket folder or log level set in the router's
+// environment does not leak into it (Launch sets both explicitly).
+func TestInstanceEnvDropsPluginAndLogVariables(t *testing.T) {
+	env := InstanceEnv([]string{"PLUGIN_UNIX_SOCKET_DIR=/tmp/elsewhere", LogLevelEnv + "=debug", "PATH=/bin"}, nil)
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "PLUGIN_UNIX_SOCKET_DIR=") || strings.HasPrefix(kv, LogLevelEnv+"=") {
+			t.Fatalf("%s inherited: %v", kv, env)
+		}
+	}
+}
