@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/goccy/go-yaml"
 	"github.com/goccy/go-yaml/ast"
@@ -34,11 +35,15 @@ type Config struct {
 	MaxInputChars int `yaml:"max_input_chars"`
 	// RequestTimeout bounds one synthesis, e.g. "5m".
 	RequestTimeout Duration `yaml:"request_timeout"`
-	Groups         []Group  `yaml:"groups"`
-	Queue          Queue    `yaml:"queue"`
-	Admin          Admin    `yaml:"admin"`
-	Restart        Restart  `yaml:"restart"`
-	Shutdown       Shutdown `yaml:"shutdown"`
+	// WriteTimeout bounds each write of a response to a client; a client that reads nothing for
+	// that long is cut off and its instance slot freed.
+	WriteTimeout Duration `yaml:"write_timeout"`
+	Groups       []Group  `yaml:"groups"`
+	Queue        Queue    `yaml:"queue"`
+	Admin        Admin    `yaml:"admin"`
+	Restart      Restart  `yaml:"restart"`
+	Liveness     Liveness `yaml:"liveness"`
+	Shutdown     Shutdown `yaml:"shutdown"`
 	// Health tunes GPU health monitoring and group recovery (config/health.go).
 	Health Health `yaml:"health"`
 	// Consul registers the router in a Consul agent when enabled (config/health.go).
@@ -96,6 +101,7 @@ const (
 	DefaultListen        = "127.0.0.1:8080"
 	DefaultMaxInputChars = 4096
 	DefaultMaxInflight   = 16
+	DefaultWriteTimeout  = 15 * time.Second
 )
 
 // Load reads, defaults and validates the config at path.

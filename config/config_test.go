@@ -103,7 +103,7 @@ groups:
 				got.Groups[i].Placement = "" // checked in TestOpsDefaults
 			}
 			// The operations sections have their own tests.
-			got.Queue, got.Admin, got.Restart, got.Shutdown = Queue{}, Admin{}, Restart{}, Shutdown{}
+			got.Queue, got.Admin, got.Restart, got.Shutdown, got.Liveness, got.WriteTimeout = Queue{}, Admin{}, Restart{}, Shutdown{}, Liveness{}, 0
 			got.CORS = CORS{} // TestCORS
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
@@ -494,11 +494,76 @@ func TestOpsErrors(t *testing.T) {
 		{"model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0], arena_extend_strategy: kAlways}]\n", "kAlways"},
 		{"model: m\nrestart: {backoff_initial: 10s, backoff_max: 1s}\ngroups: [{name: a}]\n", "restart.backoff_max"},
 		{"model: m\nqueue: {size: -1}\ngroups: [{name: a}]\n", "queue.size"},
+		{"model: m\nrestart: {reset_after: -1s}\ngroups: [{name: a}]\n", "restart.reset_after"},
+		{"model: m\nrestart: {reset_after: 5}\ngroups: [{name: a}]\n", "not a duration"},
+		{"model: m\nliveness: {interval: -1s}\ngroups: [{name: a}]\n", "liveness.interval"},
+		{"model: m\nliveness: {timeout: -1s}\ngroups: [{name: a}]\n", "liveness.timeout"},
+		{"model: m\nliveness: {failures: -2}\ngroups: [{name: a}]\n", "liveness.failures"},
+		{"model: m\nwrite_timeout: -1s\ngroups: [{name: a}]\n", "write_timeout"},
+		{"model: m\nadmin: {listen: 0.0.0.0:9090, token: x}\ngroups: [{name: a}]\n", "admin.token: admin.listen 0.0.0.0:9090 is not a loopback address"},
+		{"model: m\nadmin: {listen: '[::]:9090', token: short-token}\ngroups: [{name: a}]\n", "at least 16 characters"},
+		{"model: m\nadmin: {listen: nonsense, token: x}\ngroups: [{name: a}]\n", "admin.listen"},
 	}
 	for _, c := range cases {
 		_, err := Parse(testFile, []byte(c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), testFile) {
 			t.Errorf("%q: error %v, want one naming %q and the file", c.yaml, err, c.want)
+		}
+	}
+}
+
+func TestSupervisionDefaults(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Restart.ResetAfter.Std() != 5*time.Minute || c.Liveness != (Liveness{Interval: Duration(5 * time.Second), Timeout: Duration(5 * time.Second), Failures: 3}) ||
+		c.WriteTimeout.Std() != DefaultWriteTimeout {
+		t.Fatalf("defaults: restart %+v liveness %+v write_timeout %v", c.Restart, c.Liveness, c.WriteTimeout.Std())
+	}
+	c, err = Parse(testFile, []byte("model: m.yaml\nrestart: {reset_after: 90s}\nliveness: {interval: 1s, timeout: 500ms, failures: 2}\nwrite_timeout: 1m\ngroups:\n  - name: a\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Restart.ResetAfter.Std() != 90*time.Second || c.Liveness.Interval.Std() != time.Second || c.Liveness.Timeout.Std() != 500*time.Millisecond ||
+		c.Liveness.Failures != 2 || c.WriteTimeout.Std() != time.Minute {
+		t.Fatalf("parsed: restart %+v liveness %+v write_timeout %v", c.Restart, c.Liveness, c.WriteTimeout.Std())
+	}
+}
+
+// The admin API binds to the loopback address unless told otherwise, and then needs a strong
+// token, whether written in the config or read from the environment.
+func TestAdminListenAndToken(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m\nadmin: {listen: ':9090', token: x}\ngroups: [{name: a}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Admin.Listen != "127.0.0.1:9090" || !c.AdminLoopback() {
+		t.Fatalf("bare port: listen %q", c.Admin.Listen)
+	}
+	if tok, err := c.AdminToken(nil); err != nil || tok != "x" {
+		t.Fatalf("loopback token: %q %v", tok, err)
+	}
+	c, err = Parse(testFile, []byte("model: m\nadmin: {listen: '0.0.0.0:9090', token_env: TOK}\ngroups: [{name: a}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"TOK": "short"}
+	if _, err := c.AdminToken(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "admin.token_env") || !strings.Contains(err.Error(), testFile) {
+		t.Fatalf("short token from the environment: %v", err)
+	}
+	env["TOK"] = ""
+	if _, err := c.AdminToken(func(k string) string { return env[k] }); err == nil || !strings.Contains(err.Error(), "$TOK is empty") {
+		t.Fatalf("empty token: %v", err)
+	}
+	env["TOK"] = "a-token-of-real-strength"
+	if tok, err := c.AdminToken(func(k string) string { return env[k] }); err != nil || tok != env["TOK"] {
+		t.Fatalf("strong token: %q %v", tok, err)
+	}
+	for _, listen := range []string{"localhost:1", "[::1]:1", "127.0.0.2:1"} {
+		c.Admin.Listen = listen
+		if !c.AdminLoopback() {
+			t.Errorf("%s is loopback", listen)
 		}
 	}
 }

@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"net"
+
 	"strconv"
 	"strings"
 	"time"
@@ -15,7 +17,9 @@ type Queue struct {
 	Timeout Duration `yaml:"timeout"`
 }
 
-// Admin is the operations API; it is off unless Listen is set.
+// Admin is the operations API; it is off unless Listen is set. A listen address without a host
+// binds to 127.0.0.1; one that is not a loopback address needs a token of MinAdminTokenLen
+// characters or more.
 type Admin struct {
 	Listen string `yaml:"listen"`
 	// Token is the bearer token every admin call needs; TokenEnv names an environment variable
@@ -34,6 +38,18 @@ type Restart struct {
 	MaxFailures int `yaml:"max_failures"`
 	// StartTimeout bounds launch, load and warm-up of one instance.
 	StartTimeout Duration `yaml:"start_timeout"`
+	// ResetAfter is the healthy run after which the next crash is retried after backoff_initial
+	// again.
+	ResetAfter Duration `yaml:"reset_after"`
+}
+
+// Liveness is how the supervisor checks that a ready instance still makes progress: a health RPC
+// every Interval, each bounded by Timeout; Failures in a row mark the instance hung, and it is
+// killed and restarted.
+type Liveness struct {
+	Interval Duration `yaml:"interval"`
+	Timeout  Duration `yaml:"timeout"`
+	Failures int      `yaml:"failures"`
 }
 
 // Shutdown is what SIGTERM does: /readyz turns 503 at once, the listener closes after Grace,
@@ -41,6 +57,42 @@ type Restart struct {
 type Shutdown struct {
 	Grace        Duration `yaml:"grace"`
 	DrainTimeout Duration `yaml:"drain_timeout"`
+}
+
+// MinAdminTokenLen is the shortest admin token accepted for an admin API reachable from other
+// hosts.
+const MinAdminTokenLen = 16
+
+// AdminLoopback reports whether admin.listen binds only to this host.
+func (c *Config) AdminLoopback() bool {
+	host, _, err := net.SplitHostPort(c.Admin.Listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// AdminToken returns the admin token: admin.token, or the variable admin.token_env names. An empty
+// variable, or a short token on an address other hosts can reach, is an error naming the key and
+// the file.
+func (c *Config) AdminToken(getenv func(string) string) (string, error) {
+	token := c.Admin.Token
+	key := "admin.token"
+	if c.Admin.TokenEnv != "" {
+		key = "admin.token_env"
+		if token = getenv(c.Admin.TokenEnv); token == "" {
+			return "", fmt.Errorf("config %s: admin.token_env: $%s is empty", c.File, c.Admin.TokenEnv)
+		}
+	}
+	if !c.AdminLoopback() && len(token) < MinAdminTokenLen {
+		return "", fmt.Errorf("config %s: %s: admin.listen %s is not a loopback address, so the token must have at least %d characters (it has %d)",
+			c.File, key, c.Admin.Listen, MinAdminTokenLen, len(token))
+	}
+	return token, nil
 }
 
 func (c *Config) applyOpsDefaults() {
@@ -61,6 +113,21 @@ func (c *Config) applyOpsDefaults() {
 	}
 	if c.Restart.StartTimeout == 0 {
 		c.Restart.StartTimeout = Duration(5 * time.Minute)
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = Duration(DefaultWriteTimeout)
+	}
+	if c.Restart.ResetAfter == 0 {
+		c.Restart.ResetAfter = Duration(5 * time.Minute)
+	}
+	if c.Liveness.Interval == 0 {
+		c.Liveness.Interval = Duration(5 * time.Second)
+	}
+	if c.Liveness.Timeout == 0 {
+		c.Liveness.Timeout = Duration(5 * time.Second)
+	}
+	if c.Liveness.Failures == 0 {
+		c.Liveness.Failures = 3
 	}
 	if c.Shutdown.Grace == 0 {
 		c.Shutdown.Grace = Duration(2 * time.Second)
@@ -85,11 +152,39 @@ func (c *Config) validateOps() error {
 	if c.Admin.Listen != "" && c.Admin.Token == "" && c.Admin.TokenEnv == "" {
 		return bad("$.admin", "admin.token", "the admin API needs a token or token_env")
 	}
+	if c.Admin.Listen != "" {
+		host, port, err := net.SplitHostPort(c.Admin.Listen)
+		if err != nil {
+			return bad("$.admin.listen", "admin.listen", "%q is not HOST:PORT", c.Admin.Listen)
+		}
+		if host == "" {
+			// A bare ":PORT" would listen on every interface; the admin API stays local unless asked.
+			c.Admin.Listen = net.JoinHostPort("127.0.0.1", port)
+		} else if c.Admin.Token != "" && !c.AdminLoopback() && len(c.Admin.Token) < MinAdminTokenLen {
+			return bad("$.admin.token", "admin.token", "admin.listen %s is not a loopback address, so the token must have at least %d characters (it has %d)",
+				c.Admin.Listen, MinAdminTokenLen, len(c.Admin.Token))
+		}
+	}
+	if c.WriteTimeout < 0 {
+		return bad("$.write_timeout", "write_timeout", "must be positive")
+	}
 	if c.Restart.BackoffInitial < 0 || c.Restart.BackoffMax < c.Restart.BackoffInitial {
 		return bad("$.restart", "restart.backoff_max", "must be at least restart.backoff_initial")
 	}
 	if c.Restart.MaxFailures < 0 {
 		return bad("$.restart.max_failures", "restart.max_failures", "must be positive")
+	}
+	if c.Restart.ResetAfter < 0 {
+		return bad("$.restart.reset_after", "restart.reset_after", "must be positive")
+	}
+	if c.Liveness.Interval < 0 {
+		return bad("$.liveness.interval", "liveness.interval", "must be positive")
+	}
+	if c.Liveness.Timeout < 0 {
+		return bad("$.liveness.timeout", "liveness.timeout", "must be positive")
+	}
+	if c.Liveness.Failures < 0 {
+		return bad("$.liveness.failures", "liveness.failures", "must be at least 1")
 	}
 	for i, g := range c.Groups {
 		p := fmt.Sprintf("$.groups[%d]", i)

@@ -3,14 +3,14 @@ package plugin
 import (
 	"context"
 	"fmt"
-	"io"
+	"log/slog"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 )
 
@@ -25,8 +25,14 @@ type LaunchConfig struct {
 	GPUs []int
 	// HostEnv is the router's environment; only the variables an instance needs are passed on.
 	HostEnv []string
-	// LogOutput receives the go-plugin client's and the instance's log lines.
-	LogOutput io.Writer
+	// Env are more variables for the instance (its log level, for one).
+	Env []string
+	// Logger receives the go-plugin client's and the instance's log lines; nil drops them.
+	Logger *slog.Logger
+	// SocketDir is where the instance's socket directory is made (empty: the system's temporary
+	// folder); each process gets its own, removed when it is stopped, so that a crashed process
+	// leaves no socket behind.
+	SocketDir string
 	// StartTimeout bounds the handshake.
 	StartTimeout time.Duration
 }
@@ -35,18 +41,25 @@ type LaunchConfig struct {
 // A go-plugin client cannot be restarted, so every launch makes a new Process.
 type Process struct {
 	Instance
-	client *goplugin.Client
+	client  *goplugin.Client
+	cmd     *exec.Cmd
+	sockDir string
 }
 
 // Launch starts an instance process and completes the handshake.
 func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
+	sockDir, err := os.MkdirTemp(lc.SocketDir, "instance-")
+	if err != nil {
+		return nil, fmt.Errorf("start instance %s: socket directory: %w", lc.Name, err)
+	}
 	cmd := exec.Command(lc.Executable, lc.Args...)
-	cmd.Env = InstanceEnv(lc.HostEnv, lc.GPUs)
+	// The whole environment is built here: go-plugin is told to add nothing of the host's.
+	cmd.Env = append(append(InstanceEnv(lc.HostEnv, lc.GPUs), lc.Env...), goplugin.EnvUnixSocketDir+"="+sockDir)
 	// The kernel kills the instance when the router dies, even by SIGKILL.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out := lc.LogOutput
-	if out == nil {
-		out = io.Discard
+	log := lc.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
 	}
 	timeout := lc.StartTimeout
 	if timeout == 0 {
@@ -62,37 +75,57 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		// duplicated variable wins: an inherited CUDA_VISIBLE_DEVICES would undo the placement.
 		SkipHostEnv:  true,
 		StartTimeout: timeout,
-		Logger: hclog.New(&hclog.LoggerOptions{
-			Name:       "instance." + lc.Name,
-			Output:     out,
-			Level:      hclog.Info,
-			JSONFormat: true,
-		}),
+		// The instance's lines and go-plugin's own come out through the router's slog handler.
+		Logger: NewHCLogger(log.With("instance", lc.Name)),
 	})
+	p := &Process{client: client, cmd: cmd, sockDir: sockDir}
 	rpc, err := client.Client()
 	if err != nil {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("start instance %s: %w", lc.Name, err)
 	}
 	raw, err := rpc.Dispense(Name)
 	if err != nil {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("instance %s: %w", lc.Name, err)
 	}
 	inst, ok := raw.(Instance)
 	if !ok {
-		client.Kill()
+		p.Stop()
 		return nil, fmt.Errorf("instance %s: plugin is %T, not an Instance", lc.Name, raw)
 	}
-	return &Process{Instance: inst, client: client}, nil
+	p.Instance = inst
+	return p, nil
 }
 
 // Stop ends the process through go-plugin (graceful shutdown, then a kill after a grace period).
 // Signals are not used: ONNX Runtime's CUDA provider replaces the instance's signal handlers.
-func (p *Process) Stop() { p.client.Kill() }
+func (p *Process) Stop() {
+	p.client.Kill()
+	_ = os.RemoveAll(p.sockDir) // a crashed instance leaves its socket
+}
+
+// Kill ends a process that does not answer: go-plugin's graceful stop asks the process over RPC
+// and would wait on a stopped one forever, so SIGKILL goes first (a signal the CUDA provider
+// cannot catch), then go-plugin cleans up.
+func (p *Process) Kill() {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Kill()
+	}
+	p.Stop()
+}
 
 // Exited reports whether the process has ended.
 func (p *Process) Exited() bool { return p.client.Exited() }
+
+// ExitStatus says how the process ended ("exit status 2", "signal: killed"); "" while it runs.
+func (p *Process) ExitStatus() string {
+	// go-plugin marks the client exited only after cmd.Wait has returned, so ProcessState is set.
+	if !p.client.Exited() || p.cmd.ProcessState == nil {
+		return ""
+	}
+	return p.cmd.ProcessState.String()
+}
 
 // PID is the instance's process ID, 0 when unknown.
 func (p *Process) PID() int {

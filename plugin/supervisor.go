@@ -2,8 +2,10 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"sync"
 	"time"
 
@@ -17,6 +19,18 @@ type Backoff struct {
 	MaxFailures int
 	// StartTimeout bounds launch, load and warm-up.
 	StartTimeout time.Duration
+	// ResetAfter is the healthy run after which a crash is retried after Initial again (0 never
+	// resets): a rare crash should not pay for old ones.
+	ResetAfter time.Duration
+	// Liveness probes a ready process; the zero value probes nothing.
+	Liveness Liveness
+}
+
+// Liveness is how a ready process is checked for progress: a Health RPC every Interval, each
+// bounded by Timeout; Failures in a row mark it hung, and it is killed and relaunched.
+type Liveness struct {
+	Interval, Timeout time.Duration
+	Failures          int
 }
 
 // MemberSpec says what one supervised instance runs.
@@ -31,10 +45,32 @@ type Launcher func(ctx context.Context, lc LaunchConfig) (Instance, Stopper, err
 
 // Stopper is the process side of a launched instance.
 type Stopper interface {
+	// Stop ends the process gracefully through go-plugin.
 	Stop()
+	// Kill ends a process that no longer answers (a graceful stop would wait on it forever).
+	Kill()
 	Exited() bool
+	// ExitStatus says how the process ended ("signal: killed"), "" while it runs.
+	ExitStatus() string
 	PID() int
 }
+
+// DiedError is the failure of a request whose instance died or was killed as hung while the
+// request ran on it. The request may be what killed it, so the router does not retry it
+// elsewhere (InstanceDied).
+type DiedError struct {
+	Instance string
+	Why      string
+	Err      error
+}
+
+func (e *DiedError) Error() string {
+	return fmt.Sprintf("instance %s died during the request: %s", e.Instance, e.Why)
+}
+func (e *DiedError) Unwrap() error { return e.Err }
+
+// InstanceDied marks the error for the router, which only knows this method.
+func (e *DiedError) InstanceDied() bool { return true }
 
 // ProcessLauncher launches real instance processes.
 func ProcessLauncher(ctx context.Context, lc LaunchConfig) (Instance, Stopper, error) {
@@ -61,15 +97,20 @@ type Member struct {
 	changed chan struct{} // closed and replaced on every change
 	kick    chan struct{}
 	restart bool // an operator asked for a fresh process
+	// life ends, with the reason as its cause, when the current process dies or is killed; the
+	// requests on it are cut with that reason.
+	life     context.Context
+	inflight map[string]int // request IDs on the current process
 }
 
 // NewMember makes a member; Run starts it.
 func NewMember(spec MemberSpec, opts Backoff, launch Launcher, log *slog.Logger) *Member {
 	return &Member{
 		spec: spec, opts: opts, launch: launch, log: log.With("instance", spec.Name),
-		status:  tts.Status{Name: spec.Name, State: tts.StateStarting, Since: time.Now()},
-		changed: make(chan struct{}),
-		kick:    make(chan struct{}, 1),
+		status:   tts.Status{Name: spec.Name, State: tts.StateStarting, Since: time.Now()},
+		changed:  make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+		inflight: map[string]int{},
 	}
 }
 
@@ -104,15 +145,107 @@ func (m *Member) set(f func(s *tts.Status)) {
 	m.mu.Unlock()
 }
 
-// Synthesize runs req on the current process.
+// Synthesize runs req on the current process. A request during which the process dies (or is
+// killed as hung) fails with a *DiedError; one that finds the process already gone is
+// ErrNotReady, which another instance may serve.
 func (m *Member) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	m.mu.Lock()
-	inst, state := m.inst, m.status.State
-	m.mu.Unlock()
-	if inst == nil || state != tts.StateReady {
+	inst, proc, life, state := m.inst, m.proc, m.life, m.status.State
+	if inst == nil || state != tts.StateReady || proc.Exited() {
+		m.mu.Unlock()
 		return &tts.Error{Kind: tts.ErrNotReady, Msg: fmt.Sprintf("instance %s is %s", m.spec.Name, state)}
 	}
-	return inst.Synthesize(ctx, req, emit)
+	m.inflight[req.ID]++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		if m.inflight[req.ID]--; m.inflight[req.ID] <= 0 {
+			delete(m.inflight, req.ID)
+		}
+		m.mu.Unlock()
+	}()
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(life, func() { cancel(context.Cause(life)) })
+	defer stop()
+	err := inst.Synthesize(rctx, req, emit)
+	for waited := time.Duration(0); isBusy(err) && waited < busyWait && rctx.Err() == nil; waited += busyPoll {
+		// The router counted a free slot that the instance still holds: a cancelled request
+		// (its client left) lets go of it a moment after the router does.
+		time.Sleep(busyPoll)
+		err = inst.Synthesize(rctx, req, emit)
+	}
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	var ie *tts.Error
+	wait := deathWait
+	if errors.As(err, &ie) {
+		switch ie.Kind {
+		case tts.ErrInvalid, tts.ErrBusy:
+			return err // the instance answered
+		case tts.ErrInternal:
+			wait = 0 // most likely the instance's own failure: no delay, only a look
+		}
+	}
+	// A broken stream (Unavailable): go-plugin sees the process exit shortly after it breaks.
+	if why := waitDeath(proc, life, wait); errors.Is(context.Cause(life), errStopped) {
+		// Stopped on purpose (a restart, shutdown): not this request's doing.
+		return &tts.Error{Kind: tts.ErrNotReady, Msg: fmt.Sprintf("instance %s was stopped", m.spec.Name)}
+	} else if why != "" {
+		return &DiedError{Instance: m.spec.Name, Why: why, Err: err}
+	}
+	return err
+}
+
+// busyWait bounds the wait for a slot the instance has not yet freed; busyPoll paces it.
+var busyWait, busyPoll = 2 * time.Second, 20 * time.Millisecond
+
+func isBusy(err error) bool {
+	var ie *tts.Error
+	return errors.As(err, &ie) && ie.Kind == tts.ErrBusy
+}
+
+// errStopped ends a process's life when the supervisor stops it on purpose.
+var errStopped = errors.New("instance stopped")
+
+// deathWait bounds how long a request whose stream broke waits to learn whether the process died.
+var deathWait = 2 * time.Second
+
+// waitDeath waits up to d for the process to exit or be killed and says why; "" if it lives.
+func waitDeath(proc Stopper, life context.Context, d time.Duration) string {
+	deadline := time.Now().Add(d)
+	for {
+		if life.Err() != nil {
+			return context.Cause(life).Error()
+		}
+		if proc.Exited() {
+			return exitWhy(proc)
+		}
+		if time.Now().After(deadline) {
+			return ""
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func exitWhy(proc Stopper) string {
+	if st := proc.ExitStatus(); st != "" {
+		return "process exited (" + st + ")"
+	}
+	return "process exited"
+}
+
+// inflightIDs lists the requests on the current process, for the log of its death.
+func (m *Member) inflightIDs() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]string, 0, len(m.inflight))
+	for id := range m.inflight {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
 }
 
 // Health asks the current process for its own view of itself (stage batch counters included).
@@ -198,31 +331,56 @@ func (m *Member) Run(ctx context.Context) {
 				delay = m.opts.Initial
 				continue
 			}
-			m.log.Warn("instance start failed; retrying", "error", err, "in", delay)
+			m.log.Warn("instance start failed; retrying", "error", err, "in", delay.String())
 			m.waitKick(ctx, delay)
 			delay = min(2*delay, m.opts.Max)
 			continue
 		}
+		life, end := context.WithCancelCause(context.Background())
 		m.mu.Lock()
-		m.inst, m.proc = inst, proc
+		m.inst, m.proc, m.life = inst, proc, life
 		m.mu.Unlock()
 		m.set(func(s *tts.Status) {
 			s.State, s.PID, s.GPUs, s.Failures, s.LastError = tts.StateReady, proc.PID(), info.GPUs, 0, ""
 		})
+		readyAt := time.Now()
 		m.log.Info("instance ready", "pid", proc.PID(), "cuda_visible_devices", info.CUDAVisibleDevices, "gpus", len(info.GPUs))
 
-		crashed := m.watch(ctx, proc)
+		why, hung := m.watch(ctx, inst, proc)
 		m.mu.Lock()
 		m.inst, m.proc = nil, nil
 		m.mu.Unlock()
-		proc.Stop()
+		if ctx.Err() == nil {
+			// Out of rotation before the (possibly slow) stop.
+			m.set(func(s *tts.Status) {
+				s.State = tts.StateRestarting
+				if why != "" {
+					s.LastError = why
+				}
+			})
+		}
+		if why != "" {
+			// Logged before the requests are cut, so that the log names every request it took.
+			m.log.Error("instance died", "why", why, "pid", proc.PID(), "uptime", time.Since(readyAt).Round(time.Millisecond).String(),
+				"request_ids", m.inflightIDs())
+			end(errors.New(why))
+		} else {
+			end(errStopped)
+		}
+		if hung {
+			proc.Kill()
+		} else {
+			proc.Stop()
+		}
 		if ctx.Err() != nil {
 			break
 		}
 		m.set(func(s *tts.Status) { s.Restarts++; s.PID = 0 })
-		if crashed {
-			m.log.Warn("instance exited; restarting", "in", delay)
-			m.set(func(s *tts.Status) { s.State, s.LastError = tts.StateRestarting, "process exited" })
+		if why != "" {
+			if m.opts.ResetAfter > 0 && time.Since(readyAt) >= m.opts.ResetAfter {
+				delay = m.opts.Initial // a healthy run: this crash is not one of a series
+			}
+			m.log.Warn("instance restarting", "in", delay.String())
 			if !m.waitKick(ctx, delay) {
 				break
 			}
@@ -234,24 +392,51 @@ func (m *Member) Run(ctx context.Context) {
 	m.set(func(s *tts.Status) { s.State, s.PID = tts.StateStopped, 0 })
 }
 
-// watch waits until the process exits (true), a restart is asked for, or ctx ends (false).
-func (m *Member) watch(ctx context.Context, proc Stopper) bool {
+// watch waits until the process exits or stops answering its liveness probe (why says which;
+// hung when it must be killed), a restart is asked for, or ctx ends (why "").
+func (m *Member) watch(ctx context.Context, inst Instance, proc Stopper) (why string, hung bool) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
+	var probe <-chan time.Time
+	lv := m.opts.Liveness
+	if lv.Failures > 0 && lv.Interval > 0 {
+		pt := time.NewTicker(lv.Interval)
+		defer pt.Stop()
+		probe = pt.C
+	}
+	failures := 0
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return "", false
 		case <-m.kick:
 			m.mu.Lock()
 			r := m.restart
 			m.mu.Unlock()
 			if r {
-				return false
+				return "", false
 			}
 		case <-t.C:
 			if proc.Exited() {
-				return true
+				return exitWhy(proc), false
+			}
+		case <-probe:
+			hctx, cancel := context.WithTimeout(ctx, lv.Timeout)
+			_, err := inst.Health(hctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return "", false
+			case proc.Exited():
+				return exitWhy(proc), false
+			case err == nil:
+				failures = 0
+				continue
+			}
+			failures++
+			m.log.Warn("instance health check failed", "error", err, "failures", failures, "limit", lv.Failures)
+			if failures >= lv.Failures {
+				return fmt.Sprintf("hung: %d health checks in a row failed (last: %v); killed", failures, err), true
 			}
 		}
 	}

@@ -40,7 +40,7 @@ func NewAdmin(o AdminOptions) *Admin {
 		o.DrainTimeout = time.Minute
 	}
 	a := &Admin{o: o}
-	a.srv = &fasthttp.Server{Handler: a.Handler, Name: "voxmux-admin", ReadTimeout: 10 * time.Second}
+	a.srv = &fasthttp.Server{Handler: a.Handler, Name: "voxmux-admin", ReadTimeout: 10 * time.Second, Logger: connLogger{o.Logger}}
 	return a
 }
 
@@ -148,8 +148,12 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 			writeError(ctx, newError(fasthttp.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "use POST"))
 			return
 		}
+		// The restart stops with its caller: an abandoned call must not go on, and restart groups
+		// later, unasked.
+		cctx, stop := a.callContext(ctx)
+		defer stop()
 		var steps []string
-		err := a.o.Pool.RollingRestart(context.Background(), a.o.DrainTimeout, func(group, step string) {
+		err := a.o.Pool.RollingRestart(cctx, a.o.DrainTimeout, func(group, step string) {
 			a.o.Logger.Info("rolling restart", "group", group, "step", step)
 			steps = append(steps, group+": "+step)
 		})
@@ -176,7 +180,9 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		switch action {
 		case "drain":
-			dctx, cancel := context.WithTimeout(context.Background(), a.o.DrainTimeout)
+			cctx, stop := a.callContext(ctx)
+			defer stop()
+			dctx, cancel := context.WithTimeout(cctx, a.o.DrainTimeout)
 			err := g.Drain(dctx)
 			cancel()
 			a.o.Logger.Info("group drained", "group", name, "error", err)
@@ -187,7 +193,9 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		case "restart":
 			force := string(ctx.QueryArgs().Peek("force")) == "true"
 			a.o.Logger.Info("group restart", "group", name, "force", force)
-			err := g.Restart(context.Background(), a.o.DrainTimeout, force)
+			cctx, stop := a.callContext(ctx)
+			defer stop()
+			err := g.Restart(cctx, a.o.DrainTimeout, force)
 			a.result(ctx, err, nil)
 		default:
 			writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "unknown action "+action+" (drain, resume, restart)"))
@@ -195,6 +203,17 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 	default:
 		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "not_found", "no route for "+path))
 	}
+}
+
+// callContext is a context that ends when the caller closes its connection; stop must be called
+// before the handler returns.
+func (a *Admin) callContext(ctx *fasthttp.RequestCtx) (context.Context, func()) {
+	cctx, cancel := context.WithCancel(context.Background())
+	stopWatch := watchClient(ctx.Conn(), func() {
+		a.o.Logger.Warn("admin caller left; stopping its operation", "path", string(ctx.Path()))
+		cancel()
+	})
+	return cctx, func() { stopWatch(); cancel() }
 }
 
 func (a *Admin) result(ctx *fasthttp.RequestCtx, err error, extra map[string]any) {

@@ -149,12 +149,15 @@ func (g *Group) Restart(ctx context.Context, drainTimeout time.Duration, force b
 	}
 	g.mu.Lock()
 	g.restarting = true
+	drained := g.draining // by an operator: the group stays drained after its restart
 	g.mu.Unlock()
 	defer func() {
 		g.mu.Lock()
 		g.restarting = false
 		g.mu.Unlock()
-		g.Resume()
+		if !drained {
+			g.Resume()
+		}
 	}()
 	dctx, cancel := context.WithTimeout(ctx, drainTimeout)
 	err := g.Drain(dctx)
@@ -195,12 +198,13 @@ func (p *Pool) otherReady(g *Group) bool {
 	return false
 }
 
-// otherComing reports whether a group other than g is on its way to ready.
+// otherComing reports whether a group other than g is on its way to ready by itself. A drained
+// group is not: it waits for an operator's resume, which may never come.
 func (p *Pool) otherComing(g *Group) bool {
 	for _, o := range p.Groups() {
 		switch s := o.State(); {
 		case o == g:
-		case s == tts.StateStarting, s == tts.StateRestarting, s == tts.StateDraining:
+		case s == tts.StateStarting, s == tts.StateRestarting:
 			return true
 		}
 	}
@@ -211,14 +215,17 @@ func (p *Pool) otherComing(g *Group) bool {
 // group waits (up to ctx) until another one is ready first. progress is told of each step.
 func (p *Pool) RollingRestart(ctx context.Context, drainTimeout time.Duration, progress func(group, step string)) error {
 	for _, g := range p.Groups() {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("rolling restart stopped before group %s: %w", g.Name, err)
+		}
 		for g.State() == tts.StateReady && !p.otherReady(g) {
 			if !p.otherComing(g) {
-				return fmt.Errorf("group %s: %w", g.Name, ErrLastReadyGroup)
+				return fmt.Errorf("group %s: %w (a drained group does not count until it is resumed)", g.Name, ErrLastReadyGroup)
 			}
 			progress(g.Name, "waiting for another group to be ready")
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("group %s: %w", g.Name, ErrLastReadyGroup)
+				return fmt.Errorf("group %s: %w (%w)", g.Name, ErrLastReadyGroup, ctx.Err())
 			case <-time.After(200 * time.Millisecond):
 			}
 		}

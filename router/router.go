@@ -34,6 +34,9 @@ type Options struct {
 	Pool           *Pool
 	MaxInputChars  int
 	RequestTimeout time.Duration
+	// WriteTimeout bounds each write to a client: a whole small response, each piece of an audio
+	// stream. A client that reads nothing for this long is cut off and its slot freed.
+	WriteTimeout time.Duration
 	// ModelAliases are other names clients may send as "model" (besides the model's own).
 	ModelAliases []string
 	// APIKeys, when not empty, are the keys /v1/* requires as Authorization: Bearer KEY. The
@@ -85,6 +88,7 @@ func New(o Options) *Server {
 		ReadBufferSize:     ReadBufferSize,
 		ErrorHandler:       s.readError,
 		ReadTimeout:        30 * time.Second,
+		WriteTimeout:       o.WriteTimeout,
 		IdleTimeout:        2 * time.Minute,
 		CloseOnShutdown:    true,
 		Logger:             connLogger{o.Logger},

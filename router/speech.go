@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -174,8 +176,22 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	chars := utf8.RuneCountInString(job.req.Text)
 	log = log.With("model", job.model, "voice", job.req.Voice, "format", job.format, "chars", chars)
 	rctx, cancel := context.WithTimeout(context.Background(), s.o.RequestTimeout)
+	// A client that leaves while its request waits for an instance or for the first audio gives
+	// up its place and its synthesis at once.
+	var left atomic.Bool
+	stopWatch := watchClient(ctx.Conn(), func() { left.Store(true); cancel() })
 	st := s.startStream(rctx, job.req)
 	first, ok := <-st.chunks
+	stopWatch()
+	if !ok && left.Load() {
+		cancel()
+		log.Info("speech", "status", statusClientGone, "error", "the client left before any audio", "total_ms", time.Since(start).Milliseconds())
+		s.recent.add(recentRequest{At: start, Status: statusClientGone, Format: job.format, Voice: job.req.Voice, Chars: chars,
+			TotalMillis: millis(time.Since(start)), Outcome: "client_gone"})
+		ctx.SetStatusCode(statusClientGone) // for the metrics; nobody reads it
+		ctx.SetConnectionClose()
+		return
+	}
 	if !ok {
 		cancel()
 		e := synthError(st.err)
@@ -187,7 +203,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	}
 	ttfb := time.Since(start)
 	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
-	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel, chars: chars}
+	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel, chars: chars, conn: ctx.Conn(), writeTimeout: s.o.WriteTimeout}
 	var w io.Writer = &body.pending
 	if job.sse {
 		w = audio.SSEWriter{W: &body.pending}
@@ -238,6 +254,12 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 		s.sendWhole(ctx, job.format, body)
 		return
 	}
+	if tc, ok := ctx.Conn().(*net.TCPConn); ok {
+		// Without a cap the kernel grows the send buffer to megabytes, minutes of compressed
+		// audio: a client that stops reading would hold its slot that long before any write
+		// blocked and write_timeout could start counting.
+		_ = tc.SetWriteBuffer(streamSendBuffer)
+	}
 	// Headers leave now, even when the first chunk is shorter than a codec frame.
 	ctx.Response.ImmediateHeaderFlush = true
 	ctx.SetBodyStream(body, -1)
@@ -279,11 +301,16 @@ type audioBody struct {
 	cancel    context.CancelFunc
 	secondsOf func(samples int) float64 // seconds of the audio sent for samples from the model
 	done      func(outcome string, samples int, sent int64, err error)
+	// conn gets a fresh write deadline before each piece of the body is written, so that a
+	// client that stops reading is cut after writeTimeout while a long stream that is read goes on.
+	conn         net.Conn
+	writeTimeout time.Duration
 }
 
 func (b *audioBody) Read(p []byte) (int, error) {
 	for b.pending.Len() == 0 {
 		if b.ended != nil {
+			b.extendWrite() // for the last chunk and trailer
 			return 0, b.ended
 		}
 		c := b.next
@@ -319,7 +346,15 @@ func (b *audioBody) Read(p []byte) (int, error) {
 	}
 	n, err := b.pending.Read(p)
 	b.sent += int64(n)
+	b.extendWrite()
 	return n, err
+}
+
+// extendWrite gives the write fasthttp makes of what Read returned writeTimeout from now.
+func (b *audioBody) extendWrite() {
+	if b.conn != nil && b.writeTimeout > 0 {
+		_ = b.conn.SetWriteDeadline(time.Now().Add(b.writeTimeout))
+	}
 }
 
 // fail ends the body after a failure: an SSE stream gets an error event in OpenAI's shape and
@@ -368,7 +403,7 @@ func (b *audioBody) Close() error {
 		}
 		b.done("failed_mid_stream", b.samples, b.sent, err)
 	default:
-		b.done("client_gone", b.samples, b.sent, errors.New("client stopped reading"))
+		b.done("client_gone", b.samples, b.sent, errors.New("the client left or stopped reading (write_timeout)"))
 		go func() {
 			for range b.st.chunks {
 			}
@@ -426,7 +461,26 @@ func (s *Server) startStream(ctx context.Context, req tts.Request) *stream {
 	return st
 }
 
+// streamSendBuffer caps the kernel's send buffer of a connection that streams audio (Linux
+// doubles it): 256 KiB in flight still carries 2.5 MB/s at 100 ms of round trip, 50 times the
+// rate of pcm.
+const streamSendBuffer = 128 << 10
+
+// statusClientGone is logged for a request whose client left before any response (nginx's 499).
+const statusClientGone = 499
+
+// instanceDied reports whether the request's instance died or was killed as hung while the request
+// ran on it (plugin.DiedError); such a request may be the cause, so it is never retried elsewhere,
+// where it could take the next instance down too.
+func instanceDied(err error) bool {
+	var d interface{ InstanceDied() bool }
+	return errors.As(err, &d) && d.InstanceDied()
+}
+
 func retryable(err error) bool {
+	if instanceDied(err) {
+		return false
+	}
 	var ie *tts.Error
 	if errors.As(err, &ie) {
 		return ie.Kind != tts.ErrInvalid
@@ -444,6 +498,10 @@ func synthError(err error) *apiError {
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", err.Error())
 	case errors.Is(err, errNoneReady), errors.Is(err, errQueueTimeout):
 		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", err.Error())
+	case instanceDied(err):
+		// Why it died is in the log line; its text can name sockets and processes.
+		return newError(fasthttp.StatusBadGateway, "server_error", "instance_error",
+			"the instance died during this request, which was not retried on another instance since it may have caused this")
 	case errors.Is(err, context.DeadlineExceeded):
 		return newError(fasthttp.StatusGatewayTimeout, "server_error", "timeout", "synthesis timed out")
 	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:

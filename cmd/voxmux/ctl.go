@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,12 +19,23 @@ import (
 
 func ctlCmd() *cobra.Command {
 	var addr, token string
+	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "ctl",
 		Short: "Operate a running server through its admin API (groups, drain, restart)",
+		// Every call is bounded: a server that does not answer must not hang the operator's shell.
+		// Leaving stops the server's side of the call too.
+		PersistentPreRun: func(c *cobra.Command, _ []string) {
+			if timeout > 0 {
+				ctx, cancel := context.WithTimeout(c.Context(), timeout)
+				cobra.OnFinalize(cancel)
+				c.SetContext(ctx)
+			}
+		},
 	}
 	cmd.PersistentFlags().StringVar(&addr, "admin", "http://127.0.0.1:9090", "admin API address")
 	cmd.PersistentFlags().StringVar(&token, "token", "", "admin bearer token (default $VOXMUX_ADMIN_TOKEN)")
+	cmd.PersistentFlags().DurationVar(&timeout, "timeout", 10*time.Minute, "give up on the server after this long (0: wait forever)")
 	client := func() *adminClient {
 		if token == "" {
 			token = os.Getenv("VOXMUX_ADMIN_TOKEN")
@@ -99,6 +111,9 @@ func (a *adminClient) do(ctx context.Context, method, path string, out any) erro
 	req.Header.Set("Authorization", "Bearer "+a.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("admin API %s: no answer to %s %s within --timeout: %w", a.base, method, path, err)
+		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("admin API %s: %w", a.base, err)
 		}

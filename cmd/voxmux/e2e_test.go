@@ -106,7 +106,13 @@ func writeConfig(t *testing.T, listen, groups string) string {
 // startServe runs `voxmux serve` and waits until /readyz answers 200.
 func startServe(t *testing.T, cfgPath, listen string, env ...string) *server {
 	t.Helper()
-	cmd := exec.Command(voxmuxBinary(t), "serve", "--config", cfgPath)
+	return startServeArgs(t, cfgPath, listen, nil, env...)
+}
+
+// startServeArgs is startServe with more command-line arguments.
+func startServeArgs(t *testing.T, cfgPath, listen string, args []string, env ...string) *server {
+	t.Helper()
+	cmd := exec.Command(voxmuxBinary(t), append([]string{"serve", "--config", cfgPath}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs

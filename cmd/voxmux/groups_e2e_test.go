@@ -144,6 +144,7 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 	results := wait()
 
 	served := map[string]int{}
+	died := 0
 	for _, o := range results {
 		switch {
 		case o.status == 200 && o.complete:
@@ -151,9 +152,15 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 		case o.status == 200 && o.instance == victim.Name:
 			// Audio had left when the instance died: the body is cut, which the client sees.
 			t.Logf("cut mid-stream on %s after %d bytes: %v", o.instance, o.bytes, o.err)
+		case o.status == 502:
+			// On the victim before any audio: not retried elsewhere, as it may have killed it.
+			died++
 		default:
 			t.Errorf("request failed: status %d on %q (complete %v): %v", o.status, o.instance, o.complete, o.err)
 		}
+	}
+	if died > 4 {
+		t.Errorf("%d requests failed with 502; only those on the victim (max_inflight 4) may", died)
 	}
 	// On a slow machine g0's streams may all still be running when it dies (they are cut above);
 	// what must hold is that the other group kept serving and nothing else failed.
@@ -166,6 +173,14 @@ func TestKillInstanceUnderLoad(t *testing.T) {
 	back := v.Groups[0].Instances[0]
 	if back.Restarts < 1 || back.PID == victim.PID || back.PID == 0 {
 		t.Fatalf("victim not restarted: %+v", back)
+	}
+	// Its death is logged with why, and the dead process's socket is gone.
+	if !strings.Contains(s.logs.String(), `"msg":"instance died","instance":"g0/0","why":"process exited (signal: killed)"`) {
+		t.Errorf("no log of the death with its cause")
+	}
+	socks, _ := filepath.Glob(filepath.Join(os.TempDir(), fmt.Sprintf("voxmux-sockets-%d-*", s.cmd.Process.Pid), "instance-*"))
+	if len(socks) != 2 {
+		t.Errorf("instance socket folders %v, want one per live instance", socks)
 	}
 }
 
@@ -313,6 +328,11 @@ func TestAdminAPI(t *testing.T) {
 	}
 	if code := adminCall(t, "POST", admin+"/admin/groups/g1/restart", nil); code != 409 {
 		t.Fatalf("restart of the last ready group: %d, want 409", code)
+	}
+	// A rolling restart while g0 is drained answers at once: g0 will not come back by itself.
+	start := time.Now()
+	if code := adminCall(t, "POST", admin+"/admin/restart", nil); code != 409 || time.Since(start) > 5*time.Second {
+		t.Fatalf("rolling restart with a drained group: %d after %v, want 409 at once", code, time.Since(start))
 	}
 	if code := adminCall(t, "POST", admin+"/admin/groups/g0/resume", nil); code != 200 {
 		t.Fatalf("resume: %d", code)

@@ -26,7 +26,8 @@ func instanceCmd(families instance.Families) *cobra.Command {
 				fmt.Fprintln(os.Stderr, "voxmux instance is started by 'voxmux serve' for each GPU group; it is not meant to be run by hand.\nRun: voxmux serve --config configs/cpu.yaml")
 				os.Exit(2)
 			}
-			slog.SetDefault(slog.New(instanceLogHandler(os.Stderr)))
+			level, _ := plugin.ParseLevel(os.Getenv(plugin.LogLevelEnv))
+			slog.SetDefault(slog.New(instanceLogHandler(os.Stderr, level)))
 			go exitWithParent(os.Getppid())
 			svc := instance.NewService(families, os.Getenv)
 			defer svc.Close()
@@ -48,11 +49,14 @@ func exitWithParent(ppid int) {
 }
 
 // instanceLogHandler writes JSON lines in hclog's shape, which go-plugin parses from the
-// instance's stderr and re-logs in the router at their level; a line it cannot parse (another
-// time layout, say) would only reach the router's debug log.
-func instanceLogHandler(w io.Writer) slog.Handler {
+// instance's stderr and relays to the router's logger at their level, where they come out in the
+// router's format; a line it cannot parse (another time layout, say) would only reach the
+// router's debug log. Lines below level (the router's --log-level) are not written at all.
+func instanceLogHandler(w io.Writer, level slog.Level) slog.Handler {
 	return slog.NewJSONHandler(w, &slog.HandlerOptions{
-		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			a = plugin.DurationsAsStrings(groups, a)
 			switch a.Key {
 			case slog.TimeKey:
 				a.Key = "@timestamp"

@@ -11,7 +11,7 @@ import (
 // go-plugin re-logs an instance's stderr line at its level only if it parses as an hclog entry.
 func TestInstanceLogLinesParseAsHclog(t *testing.T) {
 	var buf bytes.Buffer
-	slog.New(instanceLogHandler(&buf)).Warn("engine stats", "flow", "runs=3")
+	slog.New(instanceLogHandler(&buf, slog.LevelInfo)).Warn("engine stats", "flow", "runs=3")
 	var entry map[string]any
 	if err := json.Unmarshal(buf.Bytes(), &entry); err != nil {
 		t.Fatal(err)

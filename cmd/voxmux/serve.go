@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -26,7 +27,7 @@ import (
 )
 
 func serveCmd(families instance.Families) *cobra.Command {
-	var cfgPath, listen string
+	var cfgPath, listen, logLevel, logFormat string
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the HTTP router and its inference instances",
@@ -39,16 +40,49 @@ func serveCmd(families instance.Families) *cobra.Command {
 			if listen != "" {
 				cfg.Listen = listen
 			}
-			return serve(cmd.Context(), cfg, families)
+			log, err := newLogger(os.Stderr, logLevel, logFormat)
+			if err != nil {
+				return err
+			}
+			return serve(cmd.Context(), cfg, families, log, logLevel)
 		},
 	}
 	cmd.Flags().StringVar(&cfgPath, "config", "configs/cpu.yaml", "config file")
 	cmd.Flags().StringVar(&listen, "listen", "", "HOST:PORT to serve on (overrides the config's listen)")
+	cmd.Flags().StringVar(&logLevel, "log-level", "info", "least level logged, by the router and its instances: debug, info, warn or error")
+	cmd.Flags().StringVar(&logFormat, "log-format", "json", "log line format: json or text")
 	return cmd
 }
 
-func serve(ctx context.Context, cfg *config.Config, families instance.Families) error {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+// newLogger makes the one logger of serve; its instances' lines are relayed through it.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	lv, ok := plugin.ParseLevel(level)
+	if !ok {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: plugin.DurationsAsStrings}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use json or text", format)
+}
+
+func serve(ctx context.Context, cfg *config.Config, families instance.Families, log *slog.Logger, logLevel string) error {
+	// First of all, so that a signal during start-up shuts down cleanly rather than killing serve
+	// (and leaving its instances' sockets behind).
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
+	// The instances' sockets live in a folder of this serve's, removed when it exits; one left by a
+	// serve that was killed is removed by the next.
+	sockDir, err := makeSocketDir(log)
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(sockDir)
 	model, err := families.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
@@ -88,11 +122,20 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 	for _, g := range cfg.Groups {
 		group := &router.Group{Name: g.Name, GPUs: g.GPUs}
 		for i := 0; i < g.Instances; i++ {
-			m := plugin.NewMember(memberSpec(cfg, g, i, exe, ortLib), plugin.Backoff{
+			spec := memberSpec(cfg, g, i, exe, ortLib)
+			spec.Launch.Logger, spec.Launch.SocketDir = log, sockDir
+			spec.Launch.Env = []string{plugin.LogLevelEnv + "=" + logLevel}
+			m := plugin.NewMember(spec, plugin.Backoff{
 				Initial:      cfg.Restart.BackoffInitial.Std(),
 				Max:          cfg.Restart.BackoffMax.Std(),
 				MaxFailures:  cfg.Restart.MaxFailures,
 				StartTimeout: cfg.Restart.StartTimeout.Std(),
+				ResetAfter:   cfg.Restart.ResetAfter.Std(),
+				Liveness: plugin.Liveness{
+					Interval: cfg.Liveness.Interval.Std(),
+					Timeout:  cfg.Liveness.Timeout.Std(),
+					Failures: cfg.Liveness.Failures,
+				},
 			}, plugin.ProcessLauncher, log)
 			members = append(members, m)
 			group.Backends = append(group.Backends, &router.Backend{Name: m.Name(), Synth: m, Member: m, Capacity: g.MaxInflight})
@@ -122,6 +165,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 		Pool:           pool,
 		MaxInputChars:  cfg.MaxInputChars,
 		RequestTimeout: cfg.RequestTimeout.Std(),
+		WriteTimeout:   cfg.WriteTimeout.Std(),
 		ModelAliases:   cfg.Aliases(),
 		APIKeys:        apiKeys,
 		CORS:           &router.CORSOptions{Origins: cfg.CORS.Origins(), MaxAge: cfg.CORS.MaxAge.Std()},
@@ -135,12 +179,13 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 
 	var admin *router.Admin
 	if cfg.Admin.Listen != "" {
-		token := cfg.Admin.Token
-		if cfg.Admin.TokenEnv != "" {
-			if token = os.Getenv(cfg.Admin.TokenEnv); token == "" {
-				stop()
-				return fmt.Errorf("config %s: admin.token_env: $%s is empty", cfg.File, cfg.Admin.TokenEnv)
-			}
+		token, err := cfg.AdminToken(os.Getenv)
+		if err != nil {
+			stop()
+			return err
+		}
+		if len(token) < config.MinAdminTokenLen {
+			log.Warn("the admin token is short; use at least 16 random characters", "key", "admin.token", "file", cfg.File)
 		}
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -162,8 +207,12 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 		go notifyChanges(supCtx, pool, registrar)
 	}
 
-	if err := awaitFirstReady(ctx, members); err != nil {
+	if err := awaitFirstReady(ctx, members, sig); err != nil {
 		stop()
+		if errors.Is(err, errSignal) {
+			log.Info("stopped during start-up", "signal", err.Error())
+			return nil
+		}
 		return err
 	}
 	auth := ""
@@ -173,8 +222,6 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
 		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	select {
 	case s := <-sig:
 		log.Info("shutting down: /readyz now answers 503", "signal", s.String(), "grace", cfg.Shutdown.Grace.Std())
@@ -220,7 +267,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families) 
 // awaitFirstReady waits until an instance is ready. If instead every instance has failed its
 // first start (a broken model, a provider that cannot load), it returns their errors, so that a
 // misconfigured server exits at once rather than retrying forever.
-func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
+func awaitFirstReady(ctx context.Context, members []*plugin.Member, sig <-chan os.Signal) error {
 	for {
 		var errs []error
 		chs := make([]<-chan struct{}, len(members))
@@ -240,10 +287,15 @@ func awaitFirstReady(ctx context.Context, members []*plugin.Member) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case s := <-sig:
+			return fmt.Errorf("%s: %w", s, errSignal)
 		case <-anyOf(chs):
 		}
 	}
 }
+
+// errSignal ends the start-up when serve is told to stop.
+var errSignal = errors.New("signal")
 
 func anyOf(chs []<-chan struct{}) <-chan struct{} {
 	out := make(chan struct{})
@@ -274,7 +326,6 @@ func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) p
 			Name:       name,
 			GPUs:       g.GPUs,
 			HostEnv:    os.Environ(),
-			LogOutput:  os.Stderr,
 		},
 		Load: tts.LoadConfig{
 			Manifest:        cfg.ModelPath(),
