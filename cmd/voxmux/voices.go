@@ -39,7 +39,7 @@ func voicesCmd() *cobra.Command {
 			return nil
 		},
 	}
-	fetch.Flags().StringVar(&dir, "dir", "voices", "folder the voices are written to")
+	fetch.Flags().StringVar(&dir, "dir", "models/voices", "folder the voices are written to")
 	fetch.Flags().StringVar(&goBin, "go", cmpOr(os.Getenv("GO"), "go"), "the go command (default $GO or go)")
 	root.AddCommand(fetch)
 	return root
