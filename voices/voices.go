@@ -111,6 +111,9 @@ type Unpacked struct {
 // voice behind.
 func Unpack(m *Module, dir string) (*Unpacked, error) {
 	fail := func(err error) (*Unpacked, error) {
+		if m.Version == "" {
+			return nil, fmt.Errorf("unpack %s: %w", m.Path, err)
+		}
 		return nil, fmt.Errorf("unpack %s@%s: %w", m.Path, m.Version, err)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {

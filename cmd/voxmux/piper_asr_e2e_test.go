@@ -200,3 +200,31 @@ func TestServeFailsOnMissingOrBrokenModuleVoice(t *testing.T) {
 		}
 	}
 }
+
+// `voxmux voices unpack` writes the same voice from a module folder on disk, for hosts without Go,
+// and names the folder when it holds no voice archive.
+func TestVoicesUnpackModuleFolder(t *testing.T) {
+	mod, err := exec.Command("go", "mod", "download", "-json", "github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dcf0d49e46b7").Output()
+	if err != nil {
+		t.Fatalf("go mod download: %v", err)
+	}
+	var m struct{ Dir string }
+	if err := json.Unmarshal(mod, &m); err != nil || m.Dir == "" {
+		t.Fatalf("go mod download: %v %s", err, mod)
+	}
+	dir := t.TempDir()
+	out, err := exec.Command(voxmuxBinary(t), "voices", "unpack", "--dir", dir, m.Dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("voices unpack: %v\n%s", err, out)
+	}
+	for _, f := range []string{"en_GB-jenny_dioco-medium.onnx", "en_GB-jenny_dioco-medium.onnx.json", "en_GB-jenny_dioco-medium.MODEL_CARD", "en_GB-jenny_dioco-medium.LICENSE"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	empty := t.TempDir()
+	out, err = exec.Command(voxmuxBinary(t), "voices", "unpack", "--dir", dir, empty).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "unpack "+empty) || !strings.Contains(string(out), "dist.tzst") {
+		t.Errorf("unpack of a folder without dist.tzst: %v\n%s", err, out)
+	}
+}

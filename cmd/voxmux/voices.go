@@ -41,7 +41,25 @@ func voicesCmd() *cobra.Command {
 	}
 	fetch.Flags().StringVar(&dir, "dir", "models/voices", "folder the voices are written to")
 	fetch.Flags().StringVar(&goBin, "go", cmpOr(os.Getenv("GO"), "go"), "the go command (default $GO or go)")
-	root.AddCommand(fetch)
+	unpack := &cobra.Command{
+		Use:   "unpack MODULE_DIR...",
+		Short: "Unpack voice modules already on disk (e.g. copied from another host's module cache) under Piper's names",
+		Long: "unpack reads MODULE_DIR/dist.tzst of each voice module folder, as `go mod download` leaves it in the\n" +
+			"module cache, and writes the voice into --dir as fetch does, for hosts without the go command.",
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			for _, d := range args {
+				u, err := voices.Unpack(&voices.Module{Path: d, Dir: d}, dir)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s (model card %s)\n", d, u.ONNX, u.ModelCard)
+			}
+			return nil
+		},
+	}
+	unpack.Flags().StringVar(&dir, "dir", "models/voices", "folder the voices are written to")
+	root.AddCommand(fetch, unpack)
 	return root
 }
 
