@@ -1,4 +1,4 @@
-# voxmux: `make run` serves the tiny model on CPU; `make test` runs every test.
+# voxmux: `make run` serves a published Piper voice on CPU; `make test` runs every test.
 SHELL := /bin/bash
 GO ?= go
 BIN := bin/voxmux
@@ -8,12 +8,16 @@ ORT_DIR := third_party/onnxruntime
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 
-.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper vet clean
+# Published Piper voices as Go modules at pinned versions (docs/piper.md); `make voices` unpacks them
+# into models/voices/ through the go command's module cache.
+VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dcf0d49e46b7
 
-run: deps ort build
+.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper voices vet clean
+
+run: deps ort build voices
 	@echo
-	@echo "Serving the tiny model on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
-	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"tiny\",\"input\":\"Hello world.\",\"voice\":\"default\",\"response_format\":\"wav\"}' -o out.wav"
+	@echo "Serving the voice Jenny (Dioco) on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
+	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\"}' -o out.wav"
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 
@@ -53,6 +57,9 @@ tiny-model:
 # Rebuilds models/tiny-piper, the tiny Piper-format voices the tests use (same Debian packages).
 tiny-piper:
 	/usr/bin/python3 scripts/gen_tiny_piper.py models/tiny-piper
+
+voices: build
+	GO=$(GO) $(BIN) voices fetch --dir models/voices $(VOICE_MODULES)
 
 vet:
 	$(GO) vet ./...

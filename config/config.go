@@ -88,7 +88,8 @@ type Group struct {
 // misplaced engine option, which ONNX Runtime would reject with a less helpful message.
 var engineOptionKeys = map[string]bool{"vocoder_batches": true, "vocoder_window": true, "profile": true,
 	"lm_stream_priority": true, "lm_cuda_graph": true, "flow_cuda_graph": true, "flow_workers": true,
-	"flow_first_worker": true, "intra_op_num_threads": true}
+	"flow_first_worker": true, "intra_op_num_threads": true, "piper_batch": true, "piper_workers": true,
+	"piper_queue": true}
 
 // Placements of the stages inside a group.
 const (

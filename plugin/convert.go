@@ -18,6 +18,9 @@ func engineToProto(o tts.EngineOptions) *proto.EngineOptions {
 		FlowWorkers:       int32(o.FlowWorkers),
 		FlowFirstWorker:   o.FlowFirstWorker,
 		IntraOpNumThreads: int32(o.IntraOpThreads),
+		PiperBatch:        int32(o.PiperBatch),
+		PiperWorkers:      int32(o.PiperWorkers),
+		PiperQueue:        int32(o.PiperQueue),
 	}
 	for _, b := range o.VocoderBatches {
 		p.VocoderBatches = append(p.VocoderBatches, int32(b))
@@ -39,6 +42,9 @@ func engineFromProto(p *proto.EngineOptions) tts.EngineOptions {
 		FlowWorkers:       int(p.FlowWorkers),
 		FlowFirstWorker:   p.FlowFirstWorker,
 		IntraOpThreads:    int(p.IntraOpNumThreads),
+		PiperBatch:        int(p.PiperBatch),
+		PiperWorkers:      int(p.PiperWorkers),
+		PiperQueue:        int(p.PiperQueue),
 	}
 	for _, b := range p.VocoderBatches {
 		o.VocoderBatches = append(o.VocoderBatches, int(b))

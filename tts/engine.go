@@ -39,6 +39,16 @@ type EngineOptions struct {
 	FlowFirstWorker string `yaml:"flow_first_worker"`
 	// IntraOpThreads is ONNX Runtime's intra_op_num_threads; 0: ONNX Runtime's default.
 	IntraOpThreads int `yaml:"intra_op_num_threads"`
+
+	// PiperBatch is the most sentences of one Piper voice run as one graph run, 1 to 1024 (1: no
+	// batching). 0: 64 on CUDA, 1 on the CPU (docs/piper.md, "Batching").
+	PiperBatch int `yaml:"piper_batch"`
+	// PiperWorkers is how many graph runs of one Piper voice run at once, 1 to 256. 0: 2 on CUDA
+	// (one run's host work overlaps the other's kernels), max_inflight on the CPU.
+	PiperWorkers int `yaml:"piper_workers"`
+	// PiperQueue is how many sentences may wait per Piper voice before requests are refused as
+	// busy (HTTP 429), 1 to 1048576. 0: 1024.
+	PiperQueue int `yaml:"piper_queue"`
 }
 
 // OptionError is an invalid engine option: Key is its name under `engine:`.
@@ -79,6 +89,14 @@ func (o EngineOptions) Validate() error {
 	}
 	if o.IntraOpThreads < 0 {
 		return &OptionError{"intra_op_num_threads", fmt.Sprintf("%d is not a thread count", o.IntraOpThreads)}
+	}
+	for _, r := range []struct {
+		key     string
+		v, most int
+	}{{"piper_batch", o.PiperBatch, 1024}, {"piper_workers", o.PiperWorkers, 256}, {"piper_queue", o.PiperQueue, 1 << 20}} {
+		if r.v < 0 || r.v > r.most {
+			return &OptionError{r.key, fmt.Sprintf("%d is not a number from 1 to %d", r.v, r.most)}
+		}
 	}
 	return nil
 }

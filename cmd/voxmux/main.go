@@ -23,7 +23,7 @@ func main() {
 	}
 	// The model families this binary serves, in the order they claim a model's path.
 	families := instance.Families{piper.Family{}, staged.Family{}}
-	root.AddCommand(serveCmd(families), instanceCmd(families), ctlCmd(), gpusCmd(), benchCmd(nil), versionCmd())
+	root.AddCommand(serveCmd(families), instanceCmd(families), ctlCmd(), gpusCmd(), benchCmd(nil), voicesCmd(), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "voxmux:", err)
 		os.Exit(1)

@@ -231,7 +231,8 @@ func (p *Phonemizer) Phonemize(voice, text string) ([]Clause, error) {
 // 1.51) does not, so it is read back from the text: espeak-ng stops one character past the
 // clause's trailing spaces (it reads ahead to classify the punctuation), so that character is
 // dropped, then spaces and closing quotes or brackets, and the last character left is classified
-// as espeak-ng's clause table does, full-width CJK forms included.
+// as espeak-ng's clause table does, full-width CJK forms included; an ellipsis ("...", "…") ends
+// a clause but gives no punctuation, as in Piper.
 func terminator(consumed string, more bool) (punct rune, sentenceEnd bool) {
 	s := consumed
 	if more {
@@ -243,6 +244,11 @@ func terminator(consumed string, more bool) (punct rune, sentenceEnd bool) {
 		sentenceEnd = true // a blank line ends a paragraph, so a sentence
 	}
 	trimmed = strings.TrimRight(trimmed, "\"'”’»」』)]}）")
+	if strings.HasSuffix(trimmed, "..") {
+		// espeak-ng reads two or more periods as an ellipsis: a clause end that is neither a
+		// sentence end nor punctuation Piper keeps (its piper-phonemize adds nothing for it).
+		return 0, sentenceEnd
+	}
 	r, _ := utf8.DecodeLastRuneInString(trimmed)
 	switch r {
 	case '.', '。', '．', '｡':

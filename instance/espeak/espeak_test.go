@@ -130,6 +130,9 @@ func TestTerminator(t *testing.T) {
 		{"(Really!) —", true, '!', true},
 		{"paragraph\n\nA", true, 0, true},
 		{"no punctuation x", true, 0, false},
+		{"Wait... w", true, 0, false},
+		{"Wait.. w", true, 0, false},
+		{"Wait… w", true, 0, false},
 	} {
 		p, end := terminator(c.consumed, c.more)
 		if p != c.punct || end != c.end {

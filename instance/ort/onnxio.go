@@ -52,7 +52,7 @@ func ReadGraphIO(path string) (inputs, outputs []TensorInfo, err error) {
 	}
 	defer unmap()
 	var graph []byte
-	if err := eachField(data, func(num protowire.Number, v []byte) error {
+	if err := EachField(data, func(num protowire.Number, v []byte) error {
 		if num == 7 {
 			graph = v
 		}
@@ -65,10 +65,10 @@ func ReadGraphIO(path string) (inputs, outputs []TensorInfo, err error) {
 	}
 	inits := map[string]bool{}
 	var ins []TensorInfo
-	err = eachField(graph, func(num protowire.Number, v []byte) error {
+	err = EachField(graph, func(num protowire.Number, v []byte) error {
 		switch num {
 		case 5:
-			return eachField(v, func(n protowire.Number, f []byte) error {
+			return EachField(v, func(n protowire.Number, f []byte) error {
 				if n == 8 {
 					inits[string(f)] = true
 				}
@@ -100,22 +100,22 @@ func ReadGraphIO(path string) (inputs, outputs []TensorInfo, err error) {
 
 func valueInfo(b []byte) (TensorInfo, error) {
 	t := TensorInfo{Rank: -1}
-	err := eachField(b, func(num protowire.Number, v []byte) error {
+	err := EachField(b, func(num protowire.Number, v []byte) error {
 		switch num {
 		case 1:
 			t.Name = string(v)
 		case 2: // TypeProto
-			return eachField(v, func(n protowire.Number, tt []byte) error {
+			return EachField(v, func(n protowire.Number, tt []byte) error {
 				if n != 1 { // not a tensor
 					return nil
 				}
-				return eachFieldOrVarint(tt, func(n protowire.Number, f []byte, x uint64) error {
+				return EachFieldOrVarint(tt, func(n protowire.Number, f []byte, x uint64) error {
 					switch n {
 					case 1:
 						t.ElemType = int32(x)
 					case 2:
 						t.Rank = 0
-						return eachField(f, func(n protowire.Number, _ []byte) error {
+						return EachField(f, func(n protowire.Number, _ []byte) error {
 							if n == 1 {
 								t.Rank++
 							}
@@ -131,9 +131,9 @@ func valueInfo(b []byte) (TensorInfo, error) {
 	return t, err
 }
 
-// eachField calls fn with every length-delimited field of a message; other fields are skipped.
-func eachField(b []byte, fn func(protowire.Number, []byte) error) error {
-	return eachFieldOrVarint(b, func(n protowire.Number, v []byte, _ uint64) error {
+// EachField calls fn with every length-delimited field of a message; other fields are skipped.
+func EachField(b []byte, fn func(protowire.Number, []byte) error) error {
+	return EachFieldOrVarint(b, func(n protowire.Number, v []byte, _ uint64) error {
 		if v == nil {
 			return nil
 		}
@@ -141,8 +141,8 @@ func eachField(b []byte, fn func(protowire.Number, []byte) error) error {
 	})
 }
 
-// eachFieldOrVarint calls fn with every length-delimited field (v set) and varint field (x set).
-func eachFieldOrVarint(b []byte, fn func(protowire.Number, []byte, uint64) error) error {
+// EachFieldOrVarint calls fn with every length-delimited field (v set) and varint field (x set).
+func EachFieldOrVarint(b []byte, fn func(protowire.Number, []byte, uint64) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {

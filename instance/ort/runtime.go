@@ -275,3 +275,19 @@ func memoryLimit(s string, device int) (uint64, error) {
 	}
 	return 0, fmt.Errorf("gpu_memory_limit %s: cannot read the size of GPU %d to take a fraction of it", s, device)
 }
+
+// SessionFromData loads a graph held in memory (one a model family edited after reading it) with
+// the shared options; name tells its profile apart.
+func (r *Runtime) SessionFromData(name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
+	if r.profile != "" {
+		if err := r.opts.EnableProfiling(r.ProfilePrefix(name)); err != nil {
+			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
+		}
+		defer r.opts.DisableProfiling()
+	}
+	s, err := onnxrt.NewDynamicAdvancedSessionWithONNXData(data, inputs, outputs, r.opts)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", name, err)
+	}
+	return s, nil
+}

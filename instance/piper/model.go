@@ -234,6 +234,9 @@ func loadPiperManifest(path string) (*PiperManifest, error) {
 // voiceFiles lists the .onnx voice files a source names: the file itself, or a folder's, sorted.
 func voiceFiles(src string) ([]string, error) {
 	st, err := os.Stat(src)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("piper voice %s is missing (a voice from a Go module is unpacked by `voxmux voices fetch`, `make voices`; a downloaded one is NAME.onnx with NAME.onnx.json): %w", src, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("piper voice: %w", err)
 	}

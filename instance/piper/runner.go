@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -12,21 +13,20 @@ import (
 
 	"github.com/voxmux/voxmux/tts"
 
-	onnxrt "github.com/yalue/onnxruntime_go"
-
 	"github.com/voxmux/voxmux/instance/espeak"
 	"github.com/voxmux/voxmux/instance/ort"
 )
 
 // PiperRunner synthesizes with Piper (VITS) voices: text → sentences → espeak-ng phonemes → ids
-// → one graph run per sentence, each sentence's audio emitted before the next is synthesized.
-// Concurrent requests share a voice's session: ONNX Runtime runs one session from many goroutines
-// at once, which measured faster than taking turns (docs/piper.md).
+// → graph runs, each sentence's audio emitted before the next is synthesized. Concurrent requests'
+// sentences for one voice file share its session and run in batches (batch.go): on CUDA
+// many sentences per run, on the CPU one per run, many runs at once (docs/piper.md).
 type PiperRunner struct {
 	m     *piperModel
 	rt    *ort.Runtime
 	ph    *espeak.Phonemizer
 	cache *sessionCache
+	opts  piperOptions
 }
 
 // openPiper checks the voices, starts espeak-ng and prepares ONNX Runtime; sessions are loaded
@@ -51,25 +51,45 @@ func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
 	}
 	// On CUDA the runtime's default cuDNN search (a fixed algorithm) suits sentences of every
 	// length; see ort.New.
+	if err := cfg.Engine.Validate(); err != nil {
+		return nil, tts.Description{}, err // the config's own check names its file too
+	}
+	opts := piperOptionsFrom(cfg)
 	rt, err := ort.New(cfg, 0) // voices run on the group's first GPU
 	if err != nil {
 		return nil, tts.Description{}, err
 	}
-	r := &PiperRunner{m: m, rt: rt, ph: ph}
+	r := &PiperRunner{m: m, rt: rt, ph: ph, opts: opts}
 	r.cache = newSessionCache(m.MaxLoaded, r.load)
 	return r, m.description(), nil
 }
 
-func (r *PiperRunner) load(f *piperFile) (*onnxrt.DynamicAdvancedSession, error) {
+// load opens a voice file's session with its row lengths exposed (piperWithLengths) when the
+// graph has them and batches are wanted, and starts its workers.
+func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
 	in := []string{"input", "input_lengths", "scales"}
 	if f.HasSID {
 		in = append(in, "sid")
+	}
+	if r.opts.Batch > 1 {
+		g, err := piperWithLengths(f.Path)
+		if err != nil {
+			return nil, fmt.Errorf("piper voice %s: %w", f.Path, err)
+		}
+		if g != nil {
+			s, err := r.rt.SessionFromData("piper", g, in, []string{"output", piperLengthOutput})
+			if err != nil {
+				return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+			}
+			return newPiperSession(s, f, r.opts, true), nil
+		}
+		slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 	}
 	s, err := r.rt.Session("piper", f.Path, in, []string{"output"})
 	if err != nil {
 		return nil, fmt.Errorf("piper voice: %w", err)
 	}
-	return s, nil
+	return newPiperSession(s, f, r.opts, false), nil
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
@@ -104,7 +124,7 @@ func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		pcm, err := runPiper(sess, s.IDs, scales, v)
+		pcm, err := sess.synthesize(ctx, s.IDs, scales, v.Speaker)
 		if err != nil {
 			return err
 		}
@@ -117,41 +137,6 @@ func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func
 		}
 	}
 	return nil
-}
-
-func runPiper(sess *onnxrt.DynamicAdvancedSession, ids []int64, scales [3]float32, v piperVoice) ([]float32, error) {
-	var vals []onnxrt.Value
-	defer func() { ort.Destroy(vals) }()
-	add := func(v onnxrt.Value, err error) error {
-		if err != nil {
-			return err
-		}
-		vals = append(vals, v)
-		return nil
-	}
-	errs := []error{
-		add(onnxrt.NewTensor(onnxrt.NewShape(1, int64(len(ids))), ids)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(1), []int64{int64(len(ids))})),
-		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
-	}
-	if v.File.HasSID {
-		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(1), []int64{v.Speaker})))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("piper inputs: %w", err)
-	}
-	outs := []onnxrt.Value{nil}
-	err := sess.Run(vals, outs)
-	defer ort.Destroy(outs)
-	if err != nil {
-		return nil, fmt.Errorf("piper voice %s: %w", v.File.Stem, err)
-	}
-	audio, err := ort.Floats(outs[0])
-	if err != nil {
-		return nil, fmt.Errorf("piper voice %s: %w", v.File.Stem, err)
-	}
-	// [1, 1, 1, T] from Piper's export, [1, T] or [1, 1, T] from others: batch 1 is the audio.
-	return append([]float32(nil), audio...), nil
 }
 
 // normalizePeak scales a sentence's audio to full range, as Piper does (its C++ divides by the
@@ -186,7 +171,7 @@ func (r *PiperRunner) Close() error {
 type sessionCache struct {
 	mu      sync.Mutex
 	max     int
-	load    func(*piperFile) (*onnxrt.DynamicAdvancedSession, error)
+	load    func(*piperFile) (*piperSession, error)
 	entries map[*piperFile]*cacheEntry
 	clock   uint64
 	closed  bool
@@ -194,19 +179,19 @@ type sessionCache struct {
 
 type cacheEntry struct {
 	f       *piperFile
-	sess    *onnxrt.DynamicAdvancedSession
+	sess    *piperSession
 	err     error
 	ready   chan struct{} // closed once loaded (or failed)
 	refs    int
 	lastUse uint64
 }
 
-func newSessionCache(max int, load func(*piperFile) (*onnxrt.DynamicAdvancedSession, error)) *sessionCache {
+func newSessionCache(max int, load func(*piperFile) (*piperSession, error)) *sessionCache {
 	return &sessionCache{max: max, load: load, entries: map[*piperFile]*cacheEntry{}}
 }
 
 // acquire returns f's session, loading it if needed; release must be called when done with it.
-func (c *sessionCache) acquire(f *piperFile) (*onnxrt.DynamicAdvancedSession, func(), error) {
+func (c *sessionCache) acquire(f *piperFile) (*piperSession, func(), error) {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -239,7 +224,7 @@ func (c *sessionCache) acquire(f *piperFile) (*onnxrt.DynamicAdvancedSession, fu
 		c.clock++
 		e.lastUse = c.clock
 		if c.closed && e.refs == 0 && e.sess != nil {
-			_ = e.sess.Destroy() // the last request on a closed cache frees the session
+			_ = e.sess.close() // the last request on a closed cache frees the session
 			e.sess = nil
 			return
 		}
@@ -270,7 +255,7 @@ func (c *sessionCache) evictLocked() {
 			return
 		}
 		delete(c.entries, victim.f)
-		_ = victim.sess.Destroy()
+		_ = victim.sess.close()
 	}
 }
 
@@ -299,7 +284,7 @@ func (c *sessionCache) close() error {
 	var errs []error
 	for f, e := range c.entries {
 		if e.sess != nil && e.refs == 0 {
-			errs = append(errs, e.sess.Destroy())
+			errs = append(errs, e.sess.close())
 			e.sess = nil
 		}
 		delete(c.entries, f)

@@ -10,12 +10,11 @@
 package proto
 
 import (
+	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
+	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
-
-	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
-	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 )
 
 const (
@@ -138,6 +137,9 @@ type EngineOptions struct {
 	FlowWorkers       int32                  `protobuf:"varint,8,opt,name=flow_workers,json=flowWorkers,proto3" json:"flow_workers,omitempty"`
 	FlowFirstWorker   string                 `protobuf:"bytes,9,opt,name=flow_first_worker,json=flowFirstWorker,proto3" json:"flow_first_worker,omitempty"`
 	IntraOpNumThreads int32                  `protobuf:"varint,10,opt,name=intra_op_num_threads,json=intraOpNumThreads,proto3" json:"intra_op_num_threads,omitempty"`
+	PiperBatch        int32                  `protobuf:"varint,11,opt,name=piper_batch,json=piperBatch,proto3" json:"piper_batch,omitempty"`
+	PiperWorkers      int32                  `protobuf:"varint,12,opt,name=piper_workers,json=piperWorkers,proto3" json:"piper_workers,omitempty"`
+	PiperQueue        int32                  `protobuf:"varint,13,opt,name=piper_queue,json=piperQueue,proto3" json:"piper_queue,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -238,6 +240,27 @@ func (x *EngineOptions) GetFlowFirstWorker() string {
 func (x *EngineOptions) GetIntraOpNumThreads() int32 {
 	if x != nil {
 		return x.IntraOpNumThreads
+	}
+	return 0
+}
+
+func (x *EngineOptions) GetPiperBatch() int32 {
+	if x != nil {
+		return x.PiperBatch
+	}
+	return 0
+}
+
+func (x *EngineOptions) GetPiperWorkers() int32 {
+	if x != nil {
+		return x.PiperWorkers
+	}
+	return 0
+}
+
+func (x *EngineOptions) GetPiperQueue() int32 {
+	if x != nil {
+		return x.PiperQueue
 	}
 	return 0
 }
@@ -707,7 +730,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x06engine\x18\b \x01(\v2\x1f.voxmux.plugin.v1.EngineOptionsR\x06engine\x1aB\n" +
 	"\x14ProviderOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa3\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x04\n" +
 	"\rEngineOptions\x12'\n" +
 	"\x0fvocoder_batches\x18\x01 \x03(\x05R\x0evocoderBatches\x12.\n" +
 	"\x13vocoder_batches_set\x18\x02 \x01(\bR\x11vocoderBatchesSet\x12%\n" +
@@ -719,7 +742,12 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\fflow_workers\x18\b \x01(\x05R\vflowWorkers\x12*\n" +
 	"\x11flow_first_worker\x18\t \x01(\tR\x0fflowFirstWorker\x12/\n" +
 	"\x14intra_op_num_threads\x18\n" +
-	" \x01(\x05R\x11intraOpNumThreads\"\xb4\x01\n" +
+	" \x01(\x05R\x11intraOpNumThreads\x12\x1f\n" +
+	"\vpiper_batch\x18\v \x01(\x05R\n" +
+	"piperBatch\x12#\n" +
+	"\rpiper_workers\x18\f \x01(\x05R\fpiperWorkers\x12\x1f\n" +
+	"\vpiper_queue\x18\r \x01(\x05R\n" +
+	"piperQueue\"\xb4\x01\n" +
 	"\fLoadResponse\x120\n" +
 	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12)\n" +
 	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpusJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x06\x10\aR\x05modelR\vsample_rateR\x06voicesR\bproviderR\x03pid\"f\n" +

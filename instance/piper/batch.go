@@ -1,0 +1,300 @@
+package piper
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
+
+	onnxrt "github.com/yalue/onnxruntime_go"
+)
+
+// Batching of Piper voices (docs/piper.md, "Batching"): every sentence of every request for a
+// voice file is a job in that file's queue; a fixed number of workers each take up to piper_batch
+// queued jobs with the same scales and run them as one [B, T] graph run (ids padded, each row's
+// input_lengths its own), then cut each row's audio by its own length. GPU memory is bounded by
+// the workers × the batch, never by the number of requests; a sentence that finds the queue full
+// is refused (ErrBusy, HTTP 429).
+
+// piperOptions are the piper engine options, resolved.
+type piperOptions struct {
+	Batch   int // most sentences per graph run (1: no batching)
+	Workers int // graph runs at once per voice file
+	Queue   int // sentences waiting per voice file beyond which requests are refused
+	// BatchIDs bounds a batch's padded size (rows × longest row's ids) so one long sentence does
+	// not make a batch of long rows; a single row of any length still runs.
+	BatchIDs int
+}
+
+// Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
+// overlaps the other's kernels); on the CPU, one sentence per run and as many runs at once as
+// requests (max_inflight), which measured fastest there (docs/piper.md, Concurrency).
+const (
+	piperCUDABatch   = 64
+	piperCUDAWorkers = 2
+	piperQueue       = 1024
+	piperRowIDs      = 400 // a long sentence's ids; BatchIDs = Batch × piperRowIDs
+)
+
+// piperOptionsFrom resolves the piper engine options (checked when the config loaded) for cfg's
+// provider.
+func piperOptionsFrom(cfg tts.LoadConfig) piperOptions {
+	o := piperOptions{Batch: 1, Workers: max(cfg.MaxInflight, 1), Queue: piperQueue}
+	if cfg.Provider == "cuda" {
+		o.Batch, o.Workers = piperCUDABatch, piperCUDAWorkers
+	}
+	e := cfg.Engine
+	o.Batch = cmp.Or(e.PiperBatch, o.Batch)
+	o.Workers = cmp.Or(e.PiperWorkers, o.Workers)
+	o.Queue = cmp.Or(e.PiperQueue, o.Queue)
+	o.BatchIDs = o.Batch * piperRowIDs
+	return o
+}
+
+// piperJob is one sentence waiting for synthesis.
+type piperJob struct {
+	ctx    context.Context
+	ids    []int64
+	sid    int64
+	scales [3]float32
+	done   chan piperResult // buffered: a worker never waits for a request that left
+}
+
+type piperResult struct {
+	pcm []float32
+	err error
+}
+
+// piperSession is one voice file's loaded graph, its queue and its workers.
+type piperSession struct {
+	sess    *onnxrt.DynamicAdvancedSession
+	file    *piperFile
+	opts    piperOptions
+	lengths bool // the graph gives each row's frames (piperLengthOutput), so rows can share a run
+	jobs    chan *piperJob
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	runs    atomic.Int64 // graph runs so far
+	rows    atomic.Int64 // sentences in them
+}
+
+func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool) *piperSession {
+	if !lengths {
+		o.Batch = 1 // without row lengths a padded row's audio cannot be cut
+	}
+	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{})}
+	for range o.Workers {
+		s.wg.Add(1)
+		go s.work()
+	}
+	return s
+}
+
+// synthesize queues one sentence and waits for its audio (not yet peak-normalized).
+func (s *piperSession) synthesize(ctx context.Context, ids []int64, scales [3]float32, sid int64) ([]float32, error) {
+	j := &piperJob{ctx: ctx, ids: ids, sid: sid, scales: scales, done: make(chan piperResult, 1)}
+	select {
+	case s.jobs <- j:
+	default:
+		return nil, &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("voice %s: %d sentences are already waiting for synthesis (engine option piper_queue); retry later", s.file.Stem, s.opts.Queue)}
+	}
+	select {
+	case r := <-j.done:
+		return r.pcm, r.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// work runs batches until the session closes. Jobs with other scales than the batch's first (a
+// request's speed changes length_scale, one tensor for the whole batch) or that would pass the
+// batch's padded size are held for this worker's next batch, first in line.
+func (s *piperSession) work() {
+	defer s.wg.Done()
+	var held []*piperJob
+	for {
+		var first *piperJob
+		if len(held) > 0 {
+			first, held = held[0], held[1:]
+		} else {
+			select {
+			case first = <-s.jobs:
+			case <-s.stop:
+				return
+			}
+		}
+		batch := []*piperJob{first}
+		longest := len(first.ids)
+		fits := func(j *piperJob) bool {
+			return len(batch) < s.opts.Batch && j.scales == first.scales &&
+				(len(batch)+1)*max(longest, len(j.ids)) <= s.opts.BatchIDs
+		}
+		var keep []*piperJob
+		for _, j := range held {
+			if fits(j) {
+				batch = append(batch, j)
+				longest = max(longest, len(j.ids))
+			} else {
+				keep = append(keep, j)
+			}
+		}
+		held = keep
+	drain:
+		for len(batch) < s.opts.Batch {
+			select {
+			case j := <-s.jobs:
+				if fits(j) {
+					batch = append(batch, j)
+					longest = max(longest, len(j.ids))
+				} else {
+					held = append(held, j)
+				}
+			default:
+				break drain
+			}
+		}
+		s.run(batch)
+	}
+}
+
+// run synthesizes a batch and hands each job its audio; jobs whose request has gone are left out.
+func (s *piperSession) run(batch []*piperJob) {
+	live := batch[:0]
+	for _, j := range batch {
+		if err := j.ctx.Err(); err != nil {
+			j.done <- piperResult{err: err}
+			continue
+		}
+		live = append(live, j)
+	}
+	if len(live) == 0 {
+		return
+	}
+	rows := make([][]int64, len(live))
+	sids := make([]int64, len(live))
+	for i, j := range live {
+		rows[i], sids[i] = j.ids, j.sid
+	}
+	s.runs.Add(1)
+	s.rows.Add(int64(len(live)))
+	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, live[0].scales)
+	for i, j := range live {
+		if err != nil {
+			j.done <- piperResult{err: err}
+			continue
+		}
+		j.done <- piperResult{pcm: pcm[i]}
+	}
+}
+
+// close stops the workers (no request holds the session then) and frees the graph.
+func (s *piperSession) close() error {
+	close(s.stop)
+	s.wg.Wait()
+	for {
+		select {
+		case j := <-s.jobs:
+			j.done <- piperResult{err: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance is shutting down"}}
+		default:
+			return s.sess.Destroy()
+		}
+	}
+}
+
+// runPiperBatch runs rows of ids as one graph run: ids padded with 0 to the longest row,
+// input_lengths each row's own, sid each row's speaker. With lengths, row i's audio is its first
+// frames[i] × hop samples; without, there must be one row and its audio is the whole output.
+func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bool, rows [][]int64, sids []int64, scales [3]float32) ([][]float32, error) {
+	b := len(rows)
+	if !lengths && b != 1 {
+		return nil, fmt.Errorf("piper voice %s: %d rows in one run without the graph's row lengths", f.Stem, b)
+	}
+	t := 0
+	for _, r := range rows {
+		t = max(t, len(r))
+	}
+	ids := make([]int64, b*t)
+	lens := make([]int64, b)
+	for i, r := range rows {
+		copy(ids[i*t:], r)
+		lens[i] = int64(len(r))
+	}
+	var vals []onnxrt.Value
+	defer func() { ort.Destroy(vals) }()
+	add := func(v onnxrt.Value, err error) error {
+		if err != nil {
+			return err
+		}
+		vals = append(vals, v)
+		return nil
+	}
+	errs := []error{
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(t)), ids)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), lens)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
+	}
+	if f.HasSID {
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("piper inputs: %w", err)
+	}
+	outs := []onnxrt.Value{nil}
+	if lengths {
+		outs = append(outs, nil)
+	}
+	err := sess.Run(vals, outs)
+	defer ort.Destroy(outs)
+	if err != nil {
+		if strings.Contains(strings.ToLower(err.Error()), "out of memory") {
+			return nil, &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("piper voice %s: the device ran out of memory for a batch of %d sentences; retry later", f.Stem, b)}
+		}
+		return nil, fmt.Errorf("piper voice %s: %w", f.Stem, err)
+	}
+	audio, err := ort.Floats(outs[0])
+	if err != nil {
+		return nil, fmt.Errorf("piper voice %s: %w", f.Stem, err)
+	}
+	// [B, 1, 1, T] from Piper's export, [B, T] or [B, 1, T] from others: B rows of equal length.
+	if len(audio)%b != 0 {
+		return nil, fmt.Errorf("piper voice %s: %d output samples do not split into %d rows", f.Stem, len(audio), b)
+	}
+	per := len(audio) / b
+	out := make([][]float32, b)
+	if !lengths {
+		out[0] = append([]float32(nil), audio...)
+		return out, nil
+	}
+	ft, ok := outs[1].(*onnxrt.Tensor[int64])
+	if !ok {
+		return nil, fmt.Errorf("piper voice %s: row lengths are %T, want int64", f.Stem, outs[1])
+	}
+	frames := ft.GetData()
+	longest := int64(0)
+	for _, n := range frames {
+		longest = max(longest, n)
+	}
+	if len(frames) != b || longest <= 0 || per%int(longest) != 0 {
+		return nil, fmt.Errorf("piper voice %s: row lengths %v do not fit %d samples a row", f.Stem, frames, per)
+	}
+	hop := per / int(longest)
+	for i := range out {
+		out[i] = append([]float32(nil), audio[i*per:i*per+int(frames[i])*hop]...)
+	}
+	return out, nil
+}
+
+// runPiper synthesizes one sentence in a run of its own.
+func runPiper(sess *onnxrt.DynamicAdvancedSession, ids []int64, scales [3]float32, v piperVoice) ([]float32, error) {
+	out, err := runPiperBatch(sess, v.File, false, [][]int64{ids}, []int64{v.Speaker}, scales)
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
+}
