@@ -58,7 +58,11 @@ func (c *grpcClient) Synthesize(ctx context.Context, req tts.Request, emit func(
 		if err != nil {
 			return fromStatus(err)
 		}
-		if err := emit(tts.Chunk{PCM: decodeF32(m.PcmF32Le), SampleRate: int(m.SampleRate), Index: int(m.Index)}); err != nil {
+		c := tts.Chunk{PCM: decodeF32(m.PcmF32Le), SampleRate: int(m.SampleRate), Index: int(m.Index)}
+		if m.Text != nil {
+			c.Text = &tts.TextSpan{Start: int(m.Text.Start), End: int(m.Text.End)}
+		}
+		if err := emit(c); err != nil {
 			return err
 		}
 	}

@@ -50,7 +50,11 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
 	req := tts.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
 	err := s.impl.Synthesize(out.Context(), req, func(c tts.Chunk) error {
-		return out.Send(&proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)})
+		m := &proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)}
+		if c.Text != nil {
+			m.Text = &proto.TextSpan{Start: uint32(c.Text.Start), End: uint32(c.Text.End)}
+		}
+		return out.Send(m)
 	})
 	return toStatus(err)
 }
