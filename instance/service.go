@@ -134,6 +134,9 @@ func (s *Service) Health(context.Context) (tts.Health, error) {
 	if st, ok := s.engine().(StageStatser); ok {
 		h.Stages = st.Stats()
 	}
+	if c, ok := s.engine().(CancelStatser); ok {
+		h.Cancels = c.CancelStats()
+	}
 	return h, nil
 }
 

@@ -382,6 +382,7 @@ func TestHealthRoundTrip(t *testing.T) {
 		{Ready: false, Message: "no pipeline loaded", Inflight: 0},
 		{Ready: true, Message: "", Inflight: 1 << 20},
 		{Ready: true, Message: "ok", Inflight: 2, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3, Wait: 90 * time.Second}}},
+		{Ready: true, Message: "ok", Cancels: tts.CancelStats{Count: 3, Freeing: 45 * time.Millisecond, MaxFreeing: 30 * time.Millisecond}},
 	} {
 		inst := connect(t, &tts.MockInstance{HealthF: func(context.Context) (tts.Health, error) { return want, nil }})
 		got, err := inst.Health(testContext(t))

@@ -611,9 +611,14 @@ type HealthResponse struct {
 	Message  string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Inflight uint32                 `protobuf:"varint,3,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	// Cumulative batch counters of the pipeline's stages since the process started.
-	Stages        []*StageStats `protobuf:"bytes,4,rep,name=stages,proto3" json:"stages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stages []*StageStats `protobuf:"bytes,4,rep,name=stages,proto3" json:"stages,omitempty"`
+	// Requests cancelled while the engine still worked on them, and the time from each cancel
+	// until no stage held it, summed and the longest (tts.CancelStats).
+	Cancels            uint64 `protobuf:"varint,5,opt,name=cancels,proto3" json:"cancels,omitempty"`
+	CancelFreeingNs    uint64 `protobuf:"varint,6,opt,name=cancel_freeing_ns,json=cancelFreeingNs,proto3" json:"cancel_freeing_ns,omitempty"`
+	CancelFreeingMaxNs uint64 `protobuf:"varint,7,opt,name=cancel_freeing_max_ns,json=cancelFreeingMaxNs,proto3" json:"cancel_freeing_max_ns,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *HealthResponse) Reset() {
@@ -672,6 +677,27 @@ func (x *HealthResponse) GetStages() []*StageStats {
 		return x.Stages
 	}
 	return nil
+}
+
+func (x *HealthResponse) GetCancels() uint64 {
+	if x != nil {
+		return x.Cancels
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetCancelFreeingNs() uint64 {
+	if x != nil {
+		return x.CancelFreeingNs
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetCancelFreeingMaxNs() uint64 {
+	if x != nil {
+		return x.CancelFreeingMaxNs
+	}
+	return 0
 }
 
 type StageStats struct {
@@ -806,12 +832,15 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\bTextSpan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\rR\x03end\"\x0f\n" +
-	"\rHealthRequest\"\x92\x01\n" +
+	"\rHealthRequest\"\x8b\x02\n" +
 	"\x0eHealthResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
 	"\binflight\x18\x03 \x01(\rR\binflight\x124\n" +
-	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"\x84\x01\n" +
+	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\x12\x18\n" +
+	"\acancels\x18\x05 \x01(\x04R\acancels\x12*\n" +
+	"\x11cancel_freeing_ns\x18\x06 \x01(\x04R\x0fcancelFreeingNs\x121\n" +
+	"\x15cancel_freeing_max_ns\x18\a \x01(\x04R\x12cancelFreeingMaxNs\"\x84\x01\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
