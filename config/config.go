@@ -48,6 +48,8 @@ type Config struct {
 	ModelAliases *[]string `yaml:"model_aliases"`
 	// APIKeys, when set, makes /v1/* require Authorization: Bearer KEY (config/api.go).
 	APIKeys APIKeys `yaml:"api_keys"`
+	// Realtime tunes WS /v1/audio/speech/stream (config/realtime.go).
+	Realtime Realtime `yaml:"realtime"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -136,6 +138,7 @@ func (c *Config) applyDefaults() {
 		c.MaxInputChars = DefaultMaxInputChars
 	}
 	c.applyOpsDefaults()
+	c.applyRealtimeDefaults()
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		if g.Instances == 0 {
@@ -231,6 +234,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.validateHealth(); err != nil {
+		return err
+	}
+	if err := c.validateRealtime(); err != nil {
 		return err
 	}
 	return c.validateAPI()

@@ -102,8 +102,8 @@ groups:
 				}
 				got.Groups[i].Placement = "" // checked in TestOpsDefaults
 			}
-			// The operations sections have their own tests.
-			got.Queue, got.Admin, got.Restart, got.Shutdown = Queue{}, Admin{}, Restart{}, Shutdown{}
+			// The operations and realtime sections have their own tests.
+			got.Queue, got.Admin, got.Restart, got.Shutdown, got.Realtime = Queue{}, Admin{}, Restart{}, Shutdown{}, Realtime{}
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}
