@@ -53,6 +53,14 @@ func (e *Engine) CancelStats() tts.CancelStats {
 	return e.cancels.stats
 }
 
+// CancelSteps is the most decode steps that started between a cancel and its stream leaving
+// the LM's batch: 0 or 1 (the step under way when the cancel came) when cancels act within one step.
+func (e *Engine) CancelSteps() int64 {
+	e.cancels.mu.Lock()
+	defer e.cancels.mu.Unlock()
+	return e.cancels.maxLMSteps
+}
+
 // Active is the number of streams some stage holds now: in the LM's batch or waiting for it, or
 // with a chunk waiting for or in the flow or the vocoder.
 func (e *Engine) Active() int { return int(e.active.Load()) }

@@ -62,9 +62,7 @@ func TestEngineCancelFreesWithinOneStep(t *testing.T) {
 	if n := e.Active(); n != 0 {
 		t.Fatalf("engine still holds %d streams", n)
 	}
-	e.cancels.mu.Lock()
-	steps := e.cancels.maxLMSteps
-	e.cancels.mu.Unlock()
+	steps := e.CancelSteps()
 	if steps > 1 {
 		t.Errorf("the cancelled stream left the LM's batch after %d decode steps, want at most the one under way", steps)
 	}
