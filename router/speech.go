@@ -36,6 +36,8 @@ type speechRequest struct {
 	ResponseFormat string          `json:"response_format"`
 	Speed          *float64        `json:"speed"`
 	StreamFormat   string          `json:"stream_format"`
+	// Timestamps adds speech.audio.timestamps events to an SSE stream (router/timestamps.go).
+	Timestamps bool `json:"timestamps"`
 }
 
 // speechJob is a validated request.
@@ -45,6 +47,7 @@ type speechJob struct {
 	format string
 	speed  float64 // applied to the audio by the router
 	sse    bool
+	stamps bool // speech.audio.timestamps events
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
@@ -101,7 +104,10 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse"}
+	if r.Timestamps && r.StreamFormat != "sse" {
+		return nil, invalid("timestamps", "timestamps need stream_format sse")
+	}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: r.StreamFormat == "sse", stamps: r.Timestamps}
 	if m.Instructions {
 		job.req.Instructions = r.Instructions
 	} // else accepted and dropped: the model cannot follow them
@@ -173,6 +179,9 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	ttfb := time.Since(start)
 	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
 	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel, chars: chars}
+	if job.stamps {
+		body.stamps = newTimestamper(job.req.Text, first.SampleRate, job.speed)
+	}
 	var w io.Writer = &body.pending
 	if job.sse {
 		w = audio.SSEWriter{W: &body.pending}
@@ -241,6 +250,7 @@ type audioBody struct {
 	// midErr is the failure an SSE stream reported in an error event (it then ends cleanly).
 	midErr    error
 	cancel    context.CancelFunc
+	stamps    *timestamper              // nil: no timestamp events
 	secondsOf func(samples int) float64 // seconds of the audio sent for samples from the model
 	done      func(outcome string, samples int, sent int64, err error)
 }
@@ -270,6 +280,9 @@ func (b *audioBody) Read(p []byte) (int, error) {
 				continue
 			}
 			if b.sse {
+				if b.stamps != nil {
+					b.pending.Write(b.stamps.finish())
+				}
 				b.pending.Write(audio.SSEDone(b.usage()))
 			}
 			continue
@@ -280,6 +293,9 @@ func (b *audioBody) Read(p []byte) (int, error) {
 			continue
 		}
 		b.samples += len(c.PCM)
+		if b.stamps != nil {
+			b.pending.Write(b.stamps.chunk(*c))
+		}
 	}
 	n, err := b.pending.Read(p)
 	b.sent += int64(n)
