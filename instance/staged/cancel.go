@@ -94,6 +94,10 @@ func (e *Engine) watchCancel(s *stream) func() bool {
 			return
 		}
 		s.cancelStep.Store(e.steps.Load() + 1)
+		select { // its chunks waiting for the flow leave the queue now
+		case e.wakeFlow <- struct{}{}:
+		default:
+		}
 		now := time.Now().UnixNano()
 		if !s.cancelAt.CompareAndSwap(0, now) {
 			return

@@ -43,6 +43,9 @@ type Engine struct {
 	active  atomic.Int64
 	cancels cancelCounters
 	steps   atomic.Int64 // decode steps started
+	// wakeFlow makes the flow loop drop cancelled chunks from its queue now rather than when a
+	// batch next ends.
+	wakeFlow chan struct{}
 	// Speech tokens per character of text, learned from the streams the LM finished: it places
 	// each chunk in the text (textSpan). Owned by the LM loop.
 	tokensPerRune float64
@@ -77,6 +80,7 @@ func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
 		vocQ:       engine.NewQueue[*vocItem](),
 		done:       make(chan struct{}),
 		stats:      engine.NewCounters(stageNames...),
+		wakeFlow:   make(chan struct{}, 1),
 		// The middle of the manifest's bounds until streams have finished.
 		tokensPerRune: (p.m.LM.MinTokensPerChar + p.m.LM.MaxTokensPerChar) / 2,
 	}
@@ -647,6 +651,7 @@ func (e *Engine) flowLoop() {
 			e.stats.CountFor(stageFlow, len(r.items), r.busy)
 			e.flowDone(r, r.err)
 		case <-ready:
+		case <-e.wakeFlow:
 		}
 	}
 }
