@@ -41,6 +41,13 @@ const RealtimePath = "/v1/audio/speech/stream"
 // cannot send an Authorization header, offers it with its key as "bearer.KEY".
 const realtimeProtocol = "voxmux.v1"
 
+// The server pings every pingEvery; a connection from which nothing (a message, a pong) has
+// arrived for idleTimeout is dead (a peer gone without closing) and its session ends.
+const (
+	pingEvery   = 30 * time.Second
+	idleTimeout = 75 * time.Second
+)
+
 // maxQueuedSegments bounds the segments a context may have waiting, so a client that sends text
 // far faster than it is spoken is told so instead of growing the server's memory.
 const maxQueuedSegments = 64
@@ -176,7 +183,25 @@ func (ss *wsSession) serve() {
 		ss.ended = true
 		ss.connMu.Unlock()
 	}()
-	_ = ss.conn.NetConn().SetDeadline(time.Time{}) // the server's read timeout was for the HTTP request
+	// The server's read timeout was for the HTTP request; from now on the pings keep it alive.
+	_ = ss.conn.NetConn().SetDeadline(time.Time{})
+	alive := func() { _ = ss.conn.SetReadDeadline(time.Now().Add(idleTimeout)) }
+	alive()
+	ss.conn.SetPongHandler(func(string) error { alive(); return nil })
+	pingDone := make(chan struct{})
+	go func() {
+		defer close(pingDone)
+		t := time.NewTicker(pingEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ss.ctx.Done():
+				return
+			case <-t.C:
+				_ = ss.conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(5*time.Second))
+			}
+		}
+	}()
 	ss.conn.SetReadLimit(MaxBodyBytes)
 	writerDone := make(chan struct{})
 	go func() {
@@ -188,6 +213,7 @@ func (ss *wsSession) serve() {
 		if err != nil {
 			break
 		}
+		alive()
 		if mt != websocket.TextMessage {
 			ss.fail(nil, "invalid_message", "send JSON messages as text frames")
 			continue
@@ -204,6 +230,7 @@ func (ss *wsSession) serve() {
 	ss.mu.Unlock()
 	ss.wg.Wait()
 	<-writerDone
+	<-pingDone
 	ss.conn.Close()
 	ss.log.Info("speech stream", "seconds", time.Since(start).Seconds())
 }
