@@ -2,6 +2,7 @@ package router
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -95,5 +96,45 @@ func TestRealtimeBargeInFreesEngine(t *testing.T) {
 	wsSend(t, c, obj{"type": "close"})
 	if m := wsRead(t, c); m.Type != "session.done" {
 		t.Fatalf("close answered %+v", m)
+	}
+}
+
+// An HTTP client that goes away mid-stream cancels its request in the engine as a closed context
+// does: the engine counts the cancel and ends up holding nothing.
+func TestHTTPClientGoneFreesEngine(t *testing.T) {
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := staged.NewEngine(p)
+	defer e.Close()
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
+	pool.Add(ready("tiny/0", e, 8))
+	srv := New(Options{Pool: pool, MaxInputChars: 1000, RequestTimeout: time.Minute})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"input":"` + strings.Repeat("A long answer nobody waits for. ", 20) + `","response_format":"pcm"}`
+	fmt.Fprintf(conn, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	buf := make([]byte, 4096)
+	if _, err := conn.Read(buf); err != nil { // the headers and the first audio
+		t.Fatal(err)
+	}
+	conn.Close()
+	waitFor(t, func() bool { return e.CancelStats().Count == 1 && e.Active() == 0 }, "the engine to drop the abandoned request")
+	if n := e.CancelSteps(); n > 1 {
+		t.Errorf("the abandoned request stayed in the LM's batch for %d decode steps", n)
 	}
 }
