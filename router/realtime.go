@@ -321,6 +321,10 @@ func (ss *wsSession) handle(data []byte) {
 			ss.fail(nil, "too_many_contexts", err.Error())
 			return
 		}
+		if c.ending {
+			ss.fail(c, "context_closing", fmt.Sprintf("input.done was sent for context %q; its audio is finishing, use another context_id", c.id))
+			return
+		}
 		switch m.Type {
 		case "input.text":
 			if !utf8.ValidString(m.Text) {

@@ -381,3 +381,30 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// Text for a context after its input.done is refused, not silently dropped.
+func TestRealtimeTextAfterInputDone(t *testing.T) {
+	gate := make(chan struct{})
+	url := serveTest(t, ready("a", &fakeSynth{chunks: 2, gate: gate}, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config"})
+	wsRead(t, c)
+	wsSend(t, c, obj{"type": "input.text", "text": "Done soon."})
+	wsSend(t, c, obj{"type": "input.done"})
+	wsSend(t, c, obj{"type": "input.text", "text": "Too late."})
+	for {
+		m := wsRead(t, c)
+		if m.Type == "error" {
+			if m.Code != "context_closing" {
+				t.Fatalf("error %+v", m)
+			}
+			break
+		}
+	}
+	close(gate)
+	for m := wsRead(t, c); m.Type != "context.closed"; m = wsRead(t, c) {
+		if m.Type == "audio.start" && m.Text != "Done soon." {
+			t.Fatalf("spoke %q", m.Text)
+		}
+	}
+}
