@@ -308,12 +308,12 @@ func (ss *wsSession) handle(data []byte) {
 	case "input.text", "flush", "input.done", "close_context":
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		if ss.closing {
-			ss.fail(nil, "session_closing", "the session is closing: no more input")
+		if m.Type == "close_context" { // also while the session closes: a barge-in on its last words
+			ss.closeContextLocked(m.ContextID)
 			return
 		}
-		if m.Type == "close_context" {
-			ss.closeContextLocked(m.ContextID)
+		if ss.closing {
+			ss.fail(nil, "session_closing", "the session is closing: no more input")
 			return
 		}
 		c, err := ss.contextLocked(m.ContextID)
