@@ -191,8 +191,11 @@ func TestWAVStreamsBeforeSynthesisEnds(t *testing.T) {
 func TestRetryBeforeAudio(t *testing.T) {
 	bad := &fakeSynth{fail: &tts.Error{Kind: tts.ErrInternal, Msg: "boom"}}
 	good := &fakeSynth{chunks: 2}
-	// bad has the lower load ratio, so it is tried first.
-	url := serveTest(t, ready("bad", bad, 100), ready("good", good, 1))
+	// bad has the lower load ratio (0 of 100 against 1 of 2), so it is tried first; equal ratios
+	// would be a coin toss.
+	g := ready("good", good, 2)
+	g.inflight.Add(1)
+	url := serveTest(t, ready("bad", bad, 100), g)
 	resp, body := post(t, url, `{"input":"hi","response_format":"pcm"}`)
 	if resp.StatusCode != 200 || len(body) != 2*2*480 {
 		t.Fatalf("status %d, %d bytes: %s", resp.StatusCode, len(body), body)
