@@ -55,6 +55,8 @@ type Config struct {
 	APIKeys APIKeys `yaml:"api_keys"`
 	// CORS lets browser apps on other origins call /v1/* (config/http.go).
 	CORS CORS `yaml:"cors"`
+	// Realtime tunes WS /v1/audio/speech/stream (config/realtime.go).
+	Realtime Realtime `yaml:"realtime"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -146,6 +148,7 @@ func (c *Config) applyDefaults() {
 	}
 	c.applyOpsDefaults()
 	c.applyHTTPDefaults()
+	c.applyRealtimeDefaults()
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		if g.Instances == 0 {
@@ -244,6 +247,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.validateHTTP(); err != nil {
+		return err
+	}
+	if err := c.validateRealtime(); err != nil {
 		return err
 	}
 	return c.validateAPI()

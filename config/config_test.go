@@ -102,9 +102,10 @@ groups:
 				}
 				got.Groups[i].Placement = "" // checked in TestOpsDefaults
 			}
-			// The operations sections have their own tests.
+			// The operations and realtime sections have their own tests.
 			got.Queue, got.Admin, got.Restart, got.Shutdown, got.Liveness, got.WriteTimeout = Queue{}, Admin{}, Restart{}, Shutdown{}, Liveness{}, 0
 			got.CORS = CORS{} // TestCORS
+			got.Realtime = Realtime{}
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}

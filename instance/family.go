@@ -18,6 +18,11 @@ type StageStatser interface {
 	Stats() []tts.StageStats
 }
 
+// CancelStatser is a Runner that counts what cancelled requests cost it (tts.Health.Cancels).
+type CancelStatser interface {
+	CancelStats() tts.CancelStats
+}
+
 // Family is one kind of model voxmux serves. A new kind of model is a new package implementing
 // Family, handed to the service by main; nothing else changes.
 type Family interface {

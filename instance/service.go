@@ -13,6 +13,9 @@ import (
 	"github.com/voxmux/voxmux/tts"
 )
 
+// slotGrace is how long a request that finds every slot taken waits for one (Synthesize).
+const slotGrace = time.Second
+
 // Service is the instance process's side of the router contract: it loads one pipeline and runs
 // requests on its engine, refusing more than max_inflight at once.
 type Service struct {
@@ -117,7 +120,18 @@ func (s *Service) Synthesize(ctx context.Context, req tts.Request, emit func(tts
 	select {
 	case s.slots <- struct{}{}:
 	default:
-		return &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("instance is at its max_inflight (%d)", cap(s.slots))}
+		// The router sends no more than max_inflight, but it frees a cancelled request's slot as
+		// soon as it cancels, a moment before the cancel reaches this process over gRPC and the
+		// request returns here; a request that comes in that moment waits for that slot.
+		t := time.NewTimer(slotGrace)
+		defer t.Stop()
+		select {
+		case s.slots <- struct{}{}:
+		case <-t.C:
+			return &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("instance is at its max_inflight (%d)", cap(s.slots))}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	defer func() { <-s.slots }()
 	s.inflight.Add(1)
@@ -133,6 +147,9 @@ func (s *Service) Health(context.Context) (tts.Health, error) {
 	h := tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
 	if st, ok := s.engine().(StageStatser); ok {
 		h.Stages = st.Stats()
+	}
+	if c, ok := s.engine().(CancelStatser); ok {
+		h.Cancels = c.CancelStats()
 	}
 	return h, nil
 }

@@ -58,7 +58,11 @@ func (c *grpcClient) Synthesize(ctx context.Context, req tts.Request, emit func(
 		if err != nil {
 			return fromStatus(err)
 		}
-		if err := emit(tts.Chunk{PCM: decodeF32(m.PcmF32Le), SampleRate: int(m.SampleRate), Index: int(m.Index)}); err != nil {
+		c := tts.Chunk{PCM: decodeF32(m.PcmF32Le), SampleRate: int(m.SampleRate), Index: int(m.Index)}
+		if m.Text != nil {
+			c.Text = &tts.TextSpan{Start: int(m.Text.Start), End: int(m.Text.End)}
+		}
+		if err := emit(c); err != nil {
 			return err
 		}
 	}
@@ -69,7 +73,8 @@ func (c *grpcClient) Health(ctx context.Context) (tts.Health, error) {
 	if err != nil {
 		return tts.Health{}, fromStatus(err)
 	}
-	h := tts.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight)}
+	h := tts.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight),
+		Cancels: tts.CancelStats{Count: r.Cancels, Freeing: time.Duration(r.CancelFreeingNs), MaxFreeing: time.Duration(r.CancelFreeingMaxNs)}}
 	for _, st := range r.Stages {
 		h.Stages = append(h.Stages, tts.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs), Wait: time.Duration(st.WaitNs)})
 	}

@@ -108,7 +108,7 @@ func TestLoadError(t *testing.T) {
 
 func TestSynthesizeStream(t *testing.T) {
 	chunks := []tts.Chunk{
-		{PCM: []float32{0, 1, -1, 0.5, -0.5, 0.25, -0.123456789}, SampleRate: 24000, Index: 0},
+		{PCM: []float32{0, 1, -1, 0.5, -0.5, 0.25, -0.123456789}, SampleRate: 24000, Index: 0, Text: &tts.TextSpan{Start: 0, End: 7}},
 		{PCM: []float32{
 			float32(math.Copysign(0, -1)), // -0 keeps its sign bit
 			math.MaxFloat32, -math.MaxFloat32,
@@ -116,7 +116,7 @@ func TestSynthesizeStream(t *testing.T) {
 			float32(math.Inf(1)), float32(math.Inf(-1)),
 			1e-30, -3.4e38, 0.1, math.Float32frombits(0x3f800001), // 1 + 1ulp
 		}, SampleRate: 24000, Index: 1},
-		{PCM: []float32{0.75}, SampleRate: 22050, Index: 2},
+		{PCM: []float32{0.75}, SampleRate: 22050, Index: 2, Text: &tts.TextSpan{Start: 7, End: 17}},
 		{PCM: []float32{}, SampleRate: 24000, Index: 3},
 		{PCM: oddRamp(4801), SampleRate: 48000, Index: 4},
 	}
@@ -150,6 +150,10 @@ func TestSynthesizeStream(t *testing.T) {
 		g := got[i]
 		if g.Index != want.Index || g.SampleRate != want.SampleRate {
 			t.Errorf("chunk %d: index %d rate %d, want index %d rate %d", i, g.Index, g.SampleRate, want.Index, want.SampleRate)
+		}
+		// The text span crosses the wire, and its absence too (a model that cannot say).
+		if (g.Text == nil) != (want.Text == nil) || g.Text != nil && *g.Text != *want.Text {
+			t.Errorf("chunk %d: text span %v, want %v", i, g.Text, want.Text)
 		}
 		if len(g.PCM) != len(want.PCM) {
 			t.Errorf("chunk %d: %d samples, want %d", i, len(g.PCM), len(want.PCM))
@@ -378,6 +382,7 @@ func TestHealthRoundTrip(t *testing.T) {
 		{Ready: false, Message: "no pipeline loaded", Inflight: 0},
 		{Ready: true, Message: "", Inflight: 1 << 20},
 		{Ready: true, Message: "ok", Inflight: 2, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 7, Items: 19, Busy: 1500 * time.Millisecond}, {Stage: "vocoder", Batches: 1 << 40, Items: 1<<40 + 3, Wait: 90 * time.Second}}},
+		{Ready: true, Message: "ok", Cancels: tts.CancelStats{Count: 3, Freeing: 45 * time.Millisecond, MaxFreeing: 30 * time.Millisecond}},
 	} {
 		inst := connect(t, &tts.MockInstance{HealthF: func(context.Context) (tts.Health, error) { return want, nil }})
 		got, err := inst.Health(testContext(t))

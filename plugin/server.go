@@ -50,7 +50,11 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
 	req := tts.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
 	err := s.impl.Synthesize(out.Context(), req, func(c tts.Chunk) error {
-		return out.Send(&proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)})
+		m := &proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)}
+		if c.Text != nil {
+			m.Text = &proto.TextSpan{Start: uint32(c.Text.Start), End: uint32(c.Text.End)}
+		}
+		return out.Send(m)
 	})
 	return toStatus(err)
 }
@@ -60,7 +64,8 @@ func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight)}
+	resp := &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight),
+		Cancels: h.Cancels.Count, CancelFreeingNs: uint64(max(h.Cancels.Freeing, 0)), CancelFreeingMaxNs: uint64(max(h.Cancels.MaxFreeing, 0))}
 	for _, st := range h.Stages {
 		resp.Stages = append(resp.Stages, &proto.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, BusyNs: uint64(max(st.Busy, 0)), WaitNs: uint64(max(st.Wait, 0))})
 	}

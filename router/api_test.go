@@ -376,7 +376,8 @@ func (m *fakeMember) Status() tts.Status {
 func (m *fakeMember) Changed() <-chan struct{}          { return make(chan struct{}) }
 func (m *fakeMember) Restart(ctx context.Context) error { return nil }
 func (m *fakeMember) Health(context.Context) (tts.Health, error) {
-	return tts.Health{Ready: true, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6, Wait: 750 * time.Millisecond}}}, nil
+	return tts.Health{Ready: true, Stages: []tts.StageStats{{Stage: "lm_decode", Batches: 10, Items: 25, Busy: 2500 * time.Millisecond}, {Stage: "vocoder", Batches: 4, Items: 6, Wait: 750 * time.Millisecond}},
+		Cancels: tts.CancelStats{Count: 3, Freeing: 120 * time.Millisecond, MaxFreeing: 60 * time.Millisecond}}, nil
 }
 
 // The router's metrics, scraped over HTTP and read back with Prometheus' own text parser.
@@ -458,6 +459,8 @@ func TestMetricsScrape(t *testing.T) {
 		{"voxmux_stage_batch_items_total", map[string]string{"stage": "vocoder", "instance": "g0/0"}, 6},
 		{"voxmux_stage_busy_seconds_total", map[string]string{"stage": "lm_decode", "instance": "g0/0"}, 2.5},
 		{"voxmux_stage_wait_seconds_total", map[string]string{"stage": "vocoder", "instance": "g0/0"}, 0.75},
+		{"voxmux_engine_cancels_total", map[string]string{"instance": "g0/0"}, 3},
+		{"voxmux_engine_cancel_freeing_seconds_total", map[string]string{"instance": "g0/0"}, 0.12},
 	}
 	for _, c := range checks {
 		if got := counter(c.name, c.labels); got < c.want-1e-9 || got > c.want+1e-9 {

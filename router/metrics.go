@@ -27,6 +27,8 @@ type Metrics struct {
 	pool  *Pool
 	mu    sync.Mutex
 	stage map[*Backend][]tts.StageStats // last Health answer of each instance
+	// cancel is each instance's last tts.CancelStats.
+	cancel map[*Backend]tts.CancelStats
 }
 
 // NewMetrics registers the router's metrics on reg. The pool's figures (queue length, in-flight
@@ -76,8 +78,9 @@ func NewMetrics(reg prometheus.Registerer, pool *Pool) *Metrics {
 			Help:    "Time a request waited for a free instance slot (0 when one was free).",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2.5, 5, 10, 30},
 		}),
-		pool:  pool,
-		stage: map[*Backend][]tts.StageStats{},
+		pool:   pool,
+		stage:  map[*Backend][]tts.StageStats{},
+		cancel: map[*Backend]tts.CancelStats{},
 	}
 	reg.MustRegister(m.requests, m.ttfb, m.duration, m.rtf, m.audio, m.chars, m.bytes, m.incomplete, m.queueWait, newPoolCollector(m))
 	return m
@@ -138,6 +141,7 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 			}
 			m.mu.Lock()
 			m.stage[b] = h.Stages
+			m.cancel[b] = h.Cancels
 			m.mu.Unlock()
 		}
 		select {
@@ -152,6 +156,7 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 type poolCollector struct {
 	m                                                                                           *Metrics
 	queueLength, inflight, groupInflight, capacity, ready, restarts, batches, items, busy, wait *prometheus.Desc
+	cancels, cancelFreeing                                                                      *prometheus.Desc
 }
 
 func newPoolCollector(m *Metrics) *poolCollector {
@@ -173,11 +178,15 @@ func newPoolCollector(m *Metrics) *poolCollector {
 			"Time a stage's batched runs took, summed over its workers (so a stage with several can pass wall time); over voxmux_stage_batches_total it is the mean run time.", stage, nil),
 		wait: prometheus.NewDesc("voxmux_stage_wait_seconds_total",
 			"Time items waited for a stage before one of its runs took them, summed over items; its rate is the stage's mean queue.", stage, nil),
+		cancels: prometheus.NewDesc("voxmux_engine_cancels_total",
+			"Requests cancelled (client gone, WebSocket context closed) while an instance's engine still worked on them (reset when the process restarts).", inst, nil),
+		cancelFreeing: prometheus.NewDesc("voxmux_engine_cancel_freeing_seconds_total",
+			"Time from each cancel until no stage of the engine held the request, summed: engine time spent on audio nobody hears; over voxmux_engine_cancels_total it is the mean.", inst, nil),
 	}
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait} {
+	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait, c.cancels, c.cancelFreeing} {
 		ch <- d
 	}
 }
@@ -197,6 +206,10 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.ready, prometheus.GaugeValue, b2f(b.Ready()), l...)
 		if b.Member != nil {
 			ch <- prometheus.MustNewConstMetric(c.restarts, prometheus.CounterValue, float64(b.Member.Status().Restarts), l...)
+		}
+		if cs, ok := c.m.cancel[b]; ok {
+			ch <- prometheus.MustNewConstMetric(c.cancels, prometheus.CounterValue, float64(cs.Count), l...)
+			ch <- prometheus.MustNewConstMetric(c.cancelFreeing, prometheus.CounterValue, cs.Freeing.Seconds(), l...)
 		}
 		for _, s := range c.m.stage[b] {
 			sl := []string{s.Stage, b.GroupName(), b.Name}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,7 +50,9 @@ type Options struct {
 	RequestMetrics *Metrics
 	// GroupExtra adds fields to each group of /status.json (GPU figures, for one).
 	GroupExtra func(g *Group) map[string]any
-	Logger     *slog.Logger
+	// Realtime tunes WS /v1/audio/speech/stream; zero values take config.Realtime's defaults.
+	Realtime RealtimeOptions
+	Logger   *slog.Logger
 }
 
 // Server is the router's HTTP server.
@@ -62,6 +65,8 @@ type Server struct {
 	started  time.Time
 	// keys holds the API keys as byte slices for constant-time comparison.
 	keys [][]byte
+	// sessions are the open WebSocket sessions (realtime.go), ended at shutdown.
+	sessions sync.Map
 }
 
 // New makes a Server.
@@ -118,6 +123,7 @@ func (s *Server) SetDraining() { s.draining.Store(true) }
 // Shutdown stops taking requests and waits for in-flight ones until ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.SetDraining()
+	s.closeSessions() // fasthttp does not track the connections WebSocket sessions took over
 	return s.srv.ShutdownWithContext(ctx)
 }
 
@@ -156,7 +162,7 @@ const (
 )
 
 // routes are the paths that get their own label in voxmux_requests_total.
-var routes = []string{"/v1/audio/speech", "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/health", "/readyz"}
+var routes = []string{"/v1/audio/speech", RealtimePath, "/v1/audio/voices", "/v1/audio/models", "/v1/models", "/", "/status.json", "/metrics", "/healthz", "/health", "/readyz"}
 
 func routeOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
@@ -178,7 +184,10 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 	}
 	key, ok := strings.CutPrefix(string(ctx.Request.Header.Peek("Authorization")), "Bearer ")
 	if !ok {
-		return false
+		// A browser's WebSocket cannot send headers; it offers its key as a subprotocol.
+		if key, ok = wsKey(ctx); !ok || string(ctx.Path()) != RealtimePath {
+			return false
+		}
 	}
 	found := 0
 	for _, k := range s.keys {
@@ -195,6 +204,8 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 			return
 		}
 		s.speech(ctx)
+	case path == RealtimePath:
+		s.speechStream(ctx)
 	case path == "/v1/audio/voices":
 		if !readable(ctx) {
 			s.methodNotAllowed(ctx, "GET, HEAD")

@@ -41,6 +41,8 @@ type speechRequest struct {
 	// Stream false asks for the whole file in one body with its length (and complete WAV and
 	// FLAC headers) instead of audio as it is made.
 	Stream *bool `json:"stream"`
+	// Timestamps adds speech.audio.timestamps events to an SSE stream (router/timestamps.go).
+	Timestamps bool `json:"timestamps"`
 }
 
 // speechJob is a validated request.
@@ -51,6 +53,7 @@ type speechJob struct {
 	speed  float64 // applied to the audio by the router
 	sse    bool
 	whole  bool // "stream": false
+	stamps bool // speech.audio.timestamps events
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
@@ -109,7 +112,10 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
+	if r.Timestamps && streamFormat != "sse" {
+		return nil, invalid("timestamps", "timestamps need stream_format sse")
+	}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse", stamps: r.Timestamps}
 	if r.Stream != nil && !*r.Stream {
 		if job.sse {
 			return nil, invalid("stream", `"stream": false asks for one whole file; stream_format "sse" is a stream of events`)
@@ -204,6 +210,9 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	ttfb := time.Since(start)
 	ctx.Response.Header.Set("X-Voxmux-Instance", st.backend)
 	body := &audioBody{st: st, next: &first, sse: job.sse, cancel: cancel, chars: chars, conn: ctx.Conn(), writeTimeout: s.o.WriteTimeout}
+	if job.stamps {
+		body.stamps = newTimestamper(job.req.Text, first.SampleRate, job.speed)
+	}
 	var w io.Writer = &body.pending
 	if job.sse {
 		w = audio.SSEWriter{W: &body.pending}
@@ -299,6 +308,7 @@ type audioBody struct {
 	// midErr is the failure an SSE stream reported in an error event (it then ends cleanly).
 	midErr    error
 	cancel    context.CancelFunc
+	stamps    *timestamper              // nil: no timestamp events
 	secondsOf func(samples int) float64 // seconds of the audio sent for samples from the model
 	done      func(outcome string, samples int, sent int64, err error)
 	// conn gets a fresh write deadline before each piece of the body is written, so that a
@@ -333,6 +343,9 @@ func (b *audioBody) Read(p []byte) (int, error) {
 				continue
 			}
 			if b.sse {
+				if b.stamps != nil {
+					b.pending.Write(b.stamps.finish())
+				}
 				b.pending.Write(audio.SSEDone(b.usage()))
 			}
 			continue
@@ -343,6 +356,9 @@ func (b *audioBody) Read(p []byte) (int, error) {
 			continue
 		}
 		b.samples += len(c.PCM)
+		if b.stamps != nil {
+			b.pending.Write(b.stamps.chunk(*c))
+		}
 	}
 	n, err := b.pending.Read(p)
 	b.sent += int64(n)

@@ -10,6 +10,19 @@ type Health struct {
 	// Stages count the batched runs of each pipeline stage since the process started (empty for
 	// models whose runner does not batch).
 	Stages []StageStats
+	// Cancels are the requests cancelled while the engine still worked on them (zero for models
+	// whose runner does not count them).
+	Cancels CancelStats
+}
+
+// CancelStats sums what cancelled requests cost an engine: Count requests were cancelled (their
+// client left, their WebSocket context closed) while a stage still held them, and Freeing sums
+// the time from each cancel until no stage held it any more: engine time spent on audio nobody
+// will hear.
+type CancelStats struct {
+	Count      uint64
+	Freeing    time.Duration
+	MaxFreeing time.Duration
 }
 
 // StageStats counts one stage's runs: Items/Batches is its mean batch size.

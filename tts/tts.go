@@ -36,6 +36,16 @@ type Chunk struct {
 	PCM        []float32
 	SampleRate int
 	Index      int
+	// Text is the part of the request's text the chunk speaks; nil when the model cannot say.
+	Text *TextSpan
+}
+
+// TextSpan is a part of a request's text as byte offsets into Request.Text, [Start, End). The
+// spans of a request's chunks follow each other: the first starts at 0, each starts where the
+// one before ended and the last ends at len(Text), so they are exact at the request's ends and
+// as close as the model can tell between (docs/api.md, Timestamps).
+type TextSpan struct {
+	Start, End int
 }
 
 // Description is what the router needs to know of a model before any instance runs it.

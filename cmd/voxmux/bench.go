@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -22,7 +23,8 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 	o := bench.Options{}
 	var url, name, compareURL, compareName, outDir string
 	var compareLevels []int
-	var quiet bool
+	var quiet, ws bool
+	wo := bench.WSOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
 		Short: "Measure a running server: TTFB, real-time factor and throughput over a concurrency sweep",
@@ -31,9 +33,16 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 			"bench.png to --out. With --compare it runs the same sweep against a second server (a baseline) and\n" +
 			"states the first server's throughput and latency as ratios to it. It exits with status 1 when no\n" +
 			"request to a server got audio (the server is down, or refused them all), after writing the report;\n" +
-			"when every warm-up request fails it stops there.",
+			"when every warm-up request fails it stops there.\n\n" +
+			"With --ws it simulates voice agents instead (docs/api.md, WS /v1/audio/speech/stream): at each level\n" +
+			"(--concurrency, default 1,4,16,64,256) that many sessions stream replies as LLM tokens at --token-rate,\n" +
+			"the user barging in on --barge-in of the turns, for --duration-per-level (default 30s); it writes\n" +
+			"ws.md and ws.json to --out.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if ws {
+				return runWSBench(cmd, wo, url, o, outDir)
+			}
 			if o.RequestsPerLevel < 0 {
 				return errors.New("--requests-per-level: must not be negative")
 			}
@@ -110,6 +119,48 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 	f.StringVar(&o.GPUMetricsURL, "gpu-metrics", "", "base URL whose /metrics GPU gauges are sampled for every server (default: each server's own)")
 	f.StringVar(&o.Label, "label", "", "title of the report, e.g. the GPU and the model")
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
+	f.BoolVar(&ws, "ws", false, "simulate voice agents over the WebSocket text-in API instead")
+	f.Float64Var(&wo.TokenRate, "token-rate", 25, "with --ws: tokens per second each agent's LLM sends")
+	f.Float64Var(&wo.BargeIn, "barge-in", 0.3, "with --ws: share of turns the user interrupts, 0 to 1")
 	cmd.AddCommand(stagesCmd())
 	return cmd
+}
+
+// runWSBench is `voxmux bench --ws`.
+func runWSBench(cmd *cobra.Command, wo bench.WSOptions, url string, o bench.Options, outDir string) error {
+	wo.URL, wo.Voice, wo.Model = url, o.Voice, o.Model
+	wo.Sessions = []int{1, 4, 16, 64, 256}
+	if cmd.Flags().Changed("concurrency") {
+		wo.Sessions = o.Concurrency
+	}
+	for _, n := range wo.Sessions {
+		if n < 1 {
+			return fmt.Errorf("--concurrency: level %d must be at least 1", n)
+		}
+	}
+	wo.Duration = 30 * time.Second
+	if o.DurationPerLevel > 0 {
+		wo.Duration = o.DurationPerLevel
+	}
+	if wo.TokenRate <= 0 {
+		return errors.New("--token-rate: must be positive")
+	}
+	if wo.BargeIn < 0 || wo.BargeIn > 1 {
+		return errors.New("--barge-in: must be from 0 to 1")
+	}
+	wo.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	rep, runErr := bench.RunWS(ctx, wo)
+	if rep == nil {
+		return runErr
+	}
+	if err := rep.WriteFiles(outDir); err != nil {
+		return errors.Join(runErr, err)
+	}
+	if err := rep.WriteMarkdown(cmd.OutOrStdout()); err != nil {
+		return errors.Join(runErr, err)
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "wrote %s and %s\n", filepath.Join(outDir, "ws.md"), filepath.Join(outDir, "ws.json"))
+	return runErr
 }

@@ -170,7 +170,9 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 		APIKeys:        apiKeys,
 		CORS:           &router.CORSOptions{Origins: cfg.CORS.Origins(), MaxAge: cfg.CORS.MaxAge.Std()},
 		GroupExtra:     gpuView(mon),
-		Logger:         log,
+		Realtime: router.RealtimeOptions{MinChars: cfg.Realtime.MinChars, MaxChars: cfg.Realtime.MaxChars,
+			IdleFlush: cfg.Realtime.Idle(), MaxContexts: cfg.Realtime.MaxContexts},
+		Logger: log,
 	})
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()

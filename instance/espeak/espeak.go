@@ -104,6 +104,9 @@ type Clause struct {
 	Punct rune
 	// SentenceEnd is true when the clause ends a sentence (., ?, !, a blank line, the end of text).
 	SentenceEnd bool
+	// End is the byte offset in the text where the clause's text ends, its trailing spaces
+	// included; the next clause's text starts there, and the last one's End is the text's length.
+	End int
 }
 
 // Library is the shared library Open loads: Debian's libespeak-ng1 (1.51).
@@ -221,7 +224,13 @@ func (p *Phonemizer) Phonemize(voice, text string) ([]Clause, error) {
 			to = int(uintptr(unsafe.Pointer(cur)) - base)
 		}
 		punct, end := terminator(text[from:to], more)
-		out = append(out, Clause{Phonemes: ph, Punct: punct, SentenceEnd: end || !more})
+		textEnd := to
+		if more {
+			// espeak-ng read one character past the clause (terminator).
+			_, n := utf8.DecodeLastRuneInString(text[from:to])
+			textEnd -= n
+		}
+		out = append(out, Clause{Phonemes: ph, Punct: punct, SentenceEnd: end || !more, End: textEnd})
 	}
 	return out, nil
 }

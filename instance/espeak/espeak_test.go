@@ -22,32 +22,68 @@ func phonemizer(t *testing.T) *Phonemizer {
 	return p
 }
 
+// clauseOf is a Clause without its place in the text (TestClauseEnds checks that).
+type clauseOf struct {
+	Phonemes    string
+	Punct       rune
+	SentenceEnd bool
+}
+
+// Each clause says where its text ends: the clauses' texts follow each other and cover the text.
+func TestClauseEnds(t *testing.T) {
+	p := phonemizer(t)
+	for _, c := range []struct {
+		voice, text string
+		want        []string
+	}{
+		{"en-us", "Hello, world. How are you? I'm fine!", []string{"Hello, ", "world. ", "How are you? ", "I'm fine!"}},
+		{"cmn", "你好，世界。", []string{"你好，", "世界。"}},
+	} {
+		got, err := p.Phonemize(c.voice, c.text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var parts []string
+		at := 0
+		for _, cl := range got {
+			if cl.End < at || cl.End > len(c.text) {
+				t.Fatalf("%q: clause ends %+v", c.text, got)
+			}
+			parts = append(parts, c.text[at:cl.End])
+			at = cl.End
+		}
+		if strings.Join(parts, "|") != strings.Join(c.want, "|") {
+			t.Errorf("%q: clause texts %q, want %q", c.text, parts, c.want)
+		}
+	}
+}
+
 func TestClausesAndTheirPunctuation(t *testing.T) {
 	p := phonemizer(t)
 	for _, c := range []struct {
 		voice, text string
-		want        []Clause
+		want        []clauseOf
 	}{
-		{"en-us", "Hello, world. How are you? I'm fine!", []Clause{
+		{"en-us", "Hello, world. How are you? I'm fine!", []clauseOf{
 			{"həlˈoʊ", ',', false}, {"wˈɜːld", '.', true}, {"hˈaʊ ɑːɹ juː", '?', true}, {"aɪm fˈaɪn", '!', true},
 		}},
-		{"en-us", "He paid 3.50 dollars; ok: yes", []Clause{
+		{"en-us", "He paid 3.50 dollars; ok: yes", []clauseOf{
 			{"hiː pˈeɪd θɹˈiː pɔɪnt fˈaɪv zˈiəɹoʊ dˈɑːlɚz", ';', false}, {"ˌoʊkˈeɪ", ':', false}, {"jˈɛs", 0, true},
 		}},
 		// A closing quote does not hide the full stop; a blank line ends a sentence.
-		{"en-us", "He said \"Hello.\" Then left.\n\nNew paragraph\n\nAnother one", []Clause{
+		{"en-us", "He said \"Hello.\" Then left.\n\nNew paragraph\n\nAnother one", []clauseOf{
 			{"hiː sˈɛd həlˈoʊ", '.', true}, {"ðˈɛn lˈɛft", '.', true}, {"nˈuː pˈæɹəɡɹˌæf", 0, true}, {"ɐnˈʌðɚ wˌʌn", 0, true},
 		}},
-		{"es", "¿Cómo estás? ¡Hola, mundo!", []Clause{
+		{"es", "¿Cómo estás? ¡Hola, mundo!", []clauseOf{
 			{"kˈomo estˈas", '?', true}, {"ˈola", ',', false}, {"mˈundo", '!', true},
 		}},
 		// Full-width CJK punctuation ends clauses like its ASCII forms. Debian's espeak-ng-data lacks
 		// the extended Mandarin dictionary, so hanzi are read through pinyin with English digits.
-		{"cmn", "你好，世界。", []Clause{
+		{"cmn", "你好，世界。", []clauseOf{
 			{"(en)nɪθɹˈiː hˌeɪəθɹˈiː(cmn)", ',', false}, {"s.ˈi.5 (en)dʒiːfˈɔː(cmn)", '.', true},
 		}},
 		// Emoji espeak-ng has no name for: a clause with nothing in it.
-		{"en-us", "🫠🫥", []Clause{{"", 0, true}}},
+		{"en-us", "🫠🫥", []clauseOf{{"", 0, true}}},
 	} {
 		got, err := p.Phonemize(c.voice, c.text)
 		if err != nil {
@@ -58,7 +94,7 @@ func TestClausesAndTheirPunctuation(t *testing.T) {
 			continue
 		}
 		for i := range got {
-			if got[i] != c.want[i] {
+			if g := (clauseOf{got[i].Phonemes, got[i].Punct, got[i].SentenceEnd}); g != c.want[i] {
 				t.Errorf("%s %q clause %d: %+v, want %+v", c.voice, c.text, i, got[i], c.want[i])
 			}
 		}

@@ -18,6 +18,8 @@ type clausePhonemizer interface {
 type piperSentence struct {
 	Phonemes []string
 	IDs      []int64
+	// End is the byte offset in the text where the sentence's text ends (espeak.Clause.End).
+	End int
 }
 
 // sentences turns text into the voice's phoneme ids, one sentence at a time, following Piper
@@ -40,10 +42,11 @@ func (f *piperFile) sentences(ph clausePhonemizer, text string) ([]piperSentence
 	var out []piperSentence
 	var cur strings.Builder
 	spoken := false
+	end := 0
 	flush := func() {
 		if spoken {
 			p := f.phonemes(cur.String())
-			out = append(out, piperSentence{Phonemes: p, IDs: f.ids(p)})
+			out = append(out, piperSentence{Phonemes: p, IDs: f.ids(p), End: end})
 		}
 		cur.Reset()
 		spoken = false
@@ -54,6 +57,7 @@ func (f *piperFile) sentences(ph clausePhonemizer, text string) ([]piperSentence
 			spoken = true
 		}
 		cur.WriteString(p)
+		end = c.End
 		if c.Punct != 0 {
 			cur.WriteRune(c.Punct)
 			if c.Punct == ',' || c.Punct == ':' || c.Punct == ';' {

@@ -120,6 +120,7 @@ func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func
 	defer release()
 	rate := v.File.Config.Audio.SampleRate
 	silence := int(math.Round(r.m.SentenceSilence * float64(rate)))
+	from := 0 // where the next sentence's text starts
 	for i, s := range sents {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -132,7 +133,13 @@ func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func
 		if i < len(sents)-1 && silence > 0 {
 			pcm = append(pcm, make([]float32, silence)...)
 		}
-		if err := emit(tts.Chunk{PCM: pcm, SampleRate: rate, Index: i}); err != nil {
+		// Each chunk is a sentence: the text it speaks is exact at its ends.
+		span := tts.TextSpan{Start: from, End: max(from, min(s.End, len(req.Text)))}
+		if i == len(sents)-1 {
+			span.End = len(req.Text)
+		}
+		from = span.End
+		if err := emit(tts.Chunk{PCM: pcm, SampleRate: rate, Index: i, Text: &span}); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -38,6 +39,16 @@ type Engine struct {
 	// Where each request's first audio spent its time (FirstAudio).
 	firstMu    sync.Mutex
 	firstAudio []FirstAudio
+	// Streams some stage holds, and what cancels cost (cancel.go).
+	active  atomic.Int64
+	cancels cancelCounters
+	steps   atomic.Int64 // decode steps started
+	// wakeFlow makes the flow loop drop cancelled chunks from its queue now rather than when a
+	// batch next ends.
+	wakeFlow chan struct{}
+	// Speech tokens per character of text, learned from the streams the LM finished: it places
+	// each chunk in the text (textSpan). Owned by the LM loop.
+	tokensPerRune float64
 }
 
 // The engine's batched stages, in StageStats' names.
@@ -69,6 +80,9 @@ func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
 		vocQ:       engine.NewQueue[*vocItem](),
 		done:       make(chan struct{}),
 		stats:      engine.NewCounters(stageNames...),
+		wakeFlow:   make(chan struct{}, 1),
+		// The middle of the manifest's bounds until streams have finished.
+		tokensPerRune: (p.m.LM.MinTokensPerChar + p.m.LM.MaxTokensPerChar) / 2,
 	}
 	e.wg.Add(3)
 	go e.lmLoop()
@@ -101,6 +115,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	}
 	s := e.newStream(ctx, req)
 	defer s.cancel()
+	defer e.watchCancel(s)()
 	if lim := e.p.lm.limit(); lim > 0 {
 		// The LM's cache holds the prompt and every speech token but the last.
 		if len(s.prompt)+s.minTok > lim {
@@ -150,6 +165,7 @@ type stream struct {
 	minTok, maxTok int
 	flowed         int // tokens already handed to the flow
 	chunk          int // index of the next chunk
+	textEnd        int // byte offset in req.Text where the chunks handed to the flow end
 
 	// Owned by the flow loop: the previous chunk's mel, the vocoder's left context.
 	prevMel    []float32
@@ -157,6 +173,13 @@ type stream struct {
 
 	// When the first audio passed each mark, written by the loop the stream is in at the time.
 	marks [numMarks]time.Time
+
+	// Stages holding the stream, and when its request was cancelled while they did (UnixNano;
+	// 0: not cancelled, -1: counted). See cancel.go.
+	held     atomic.Int32
+	cancelAt atomic.Int64
+	// 1 + the decode steps started when its request was cancelled; 0: not cancelled.
+	cancelStep atomic.Int64
 
 	// Output, handed from the vocoder loop to Synthesize.
 	mu     sync.Mutex
@@ -175,9 +198,9 @@ func (e *Engine) newStream(ctx context.Context, req tts.Request) *stream {
 	return s
 }
 
-func (s *stream) push(pcm []float32, rate int) {
+func (s *stream) push(pcm []float32, rate int, text tts.TextSpan) {
 	s.mu.Lock()
-	s.out = append(s.out, tts.Chunk{PCM: pcm, SampleRate: rate, Index: s.next})
+	s.out = append(s.out, tts.Chunk{PCM: pcm, SampleRate: rate, Index: s.next, Text: &text})
 	s.next++
 	s.mu.Unlock()
 	s.wake()
@@ -252,6 +275,7 @@ type flowItem struct {
 	firstToken int // index of tokens[0] in the stream
 	first      bool
 	last       bool
+	text       tts.TextSpan // the part of the text the chunk speaks
 }
 
 type vocItem struct {
@@ -261,6 +285,7 @@ type vocItem struct {
 	ctxFrames int
 	first     bool
 	last      bool
+	text      tts.TextSpan
 }
 
 func (e *Engine) lmLoop() {
@@ -271,6 +296,7 @@ func (e *Engine) lmLoop() {
 	fail := func(err error) {
 		for _, s := range active {
 			s.finish(err)
+			e.release(s)
 		}
 		active = nil
 		dec.release()
@@ -280,6 +306,7 @@ func (e *Engine) lmLoop() {
 		if len(active) == 0 {
 			select {
 			case s := <-e.arrivals:
+				e.hold(s)
 				fresh = append(fresh, s)
 			case <-e.done:
 				return
@@ -289,11 +316,13 @@ func (e *Engine) lmLoop() {
 		for {
 			select {
 			case s := <-e.arrivals:
+				e.hold(s)
 				fresh = append(fresh, s)
 			case <-e.done:
 				fail(errors.New("engine is shut down"))
 				for _, s := range fresh {
 					s.finish(errors.New("engine is shut down"))
+					e.release(s)
 				}
 				return
 			default:
@@ -304,8 +333,11 @@ func (e *Engine) lmLoop() {
 		live := active[:0]
 		for _, s := range active {
 			if s.ctx.Err() != nil {
+				// Cancelled: out of the batch before the next step.
 				s.finish(s.ctx.Err())
 				dec.leave(s.row)
+				e.cancels.leftLM(s, e.steps.Load())
+				e.release(s)
 				continue
 			}
 			live = append(live, s)
@@ -319,6 +351,7 @@ func (e *Engine) lmLoop() {
 				tokens[i] = s.tokens[len(s.tokens)-1] + e.p.m.LM.SpeechTokenOffset
 			}
 			t0 := time.Now()
+			e.steps.Add(1)
 			logits, err := dec.step(rows, tokens)
 			e.stats.Count(stageLMDecode, len(rows), t0)
 			if err != nil {
@@ -330,13 +363,23 @@ func (e *Engine) lmLoop() {
 						next = append(next, s)
 					} else {
 						dec.leave(s.row)
+						e.release(s)
 					}
 				}
 				active = next
 			}
 		}
 		// New streams are prefilled and join the batch for the next step, so arrivals never hold
-		// the running streams back by more than one round of prefills.
+		// the running streams back by more than one round of prefills. Those cancelled while they
+		// waited are not prefilled.
+		fresh = slices.DeleteFunc(fresh, func(s *stream) bool {
+			if err := s.ctx.Err(); err != nil {
+				s.finish(err)
+				e.release(s)
+				return true
+			}
+			return false
+		})
 		for _, group := range prefillGroups(fresh, dec.prefillRows()) {
 			prompts := make([][]int64, len(group))
 			arrived := make([]time.Time, len(group))
@@ -352,11 +395,13 @@ func (e *Engine) lmLoop() {
 				switch {
 				case err != nil:
 					s.finish(err)
+					e.release(s)
 				case e.advance(s, logits[i]):
 					s.row = rows[i]
 					active = append(active, s)
 				default:
 					dec.leave(rows[i])
+					e.release(s)
 				}
 			}
 		}
@@ -399,6 +444,9 @@ func (e *Engine) advance(s *stream, logits []float32) bool {
 		s.tokens = append(s.tokens, int64(tok))
 		done = len(s.tokens) >= s.maxTok
 	}
+	if done {
+		e.learnTokensPerRune(s)
+	}
 	// A chunk leaves only when more tokens follow it, so the stream's last chunk is always
 	// handed over with last=true.
 	for {
@@ -424,6 +472,8 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 		s.marks[markQueued] = time.Now()
 	}
 	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
+	text := e.textSpan(s, end, last)
+	e.hold(s)
 	e.flowQ.Push(&flowItem{
 		s:          s,
 		queued:     time.Now(),
@@ -432,6 +482,7 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 		firstToken: start,
 		first:      s.chunk == 0,
 		last:       last,
+		text:       text,
 	})
 	s.flowed = end
 	s.chunk++
@@ -568,11 +619,12 @@ func (e *Engine) flowLoop() {
 	var waiting []*flowItem
 	for {
 		items, ok := e.flowQ.TryPopAll()
-		waiting = liveItems(append(waiting, items...), func(it *flowItem) *stream { return it.s })
+		waiting = liveItems(e, append(waiting, items...), func(it *flowItem) *stream { return it.s })
 		if !ok {
 			// Shut down: what waits fails now, batches under way at their next step.
 			for _, it := range waiting {
 				it.s.finish(errors.New("engine is shut down"))
+				e.release(it.s)
 			}
 			waiting, ready = nil, nil
 			if all, _ := lanes.running(); all == 0 {
@@ -599,6 +651,7 @@ func (e *Engine) flowLoop() {
 			e.stats.CountFor(stageFlow, len(r.items), r.busy)
 			e.flowDone(r, r.err)
 		case <-ready:
+		case <-e.wakeFlow:
 		}
 	}
 }
@@ -612,9 +665,14 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 		f0 := it.firstToken * R
 		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
 	}
+	stop, unwatch := cancelledBatch(r.items, e.done)
 	t0 := time.Now()
-	r.mels, r.err = e.p.flows[r.worker].run(jobs, e.done)
+	r.mels, r.err = e.p.flows[r.worker].run(jobs, stop)
 	r.busy = time.Since(t0)
+	unwatch()
+	if r.err != nil && r.items[0].s.ctx.Err() != nil && !isShutDown(e.done) {
+		r.err = r.items[0].s.ctx.Err() // stopped because every item was cancelled
+	}
 	done <- r
 }
 
@@ -627,6 +685,13 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 	for i, it := range r.items {
 		if err != nil {
 			it.s.finish(err)
+			e.release(it.s)
+			continue
+		}
+		if err := it.s.ctx.Err(); err != nil {
+			// Cancelled while the batch ran: no vocoder run for it.
+			it.s.finish(err)
+			e.release(it.s)
 			continue
 		}
 		all := len(it.tokens) * R
@@ -648,7 +713,8 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 		if it.first {
 			it.s.marks[markMel] = time.Now()
 		}
-		e.vocQ.Push(&vocItem{s: it.s, queued: time.Now(), mel: mel, ctxFrames: ctxF, first: it.first, last: it.last})
+		// The chunk's hold passes from the flow to the vocoder.
+		e.vocQ.Push(&vocItem{s: it.s, queued: time.Now(), mel: mel, ctxFrames: ctxF, first: it.first, last: it.last, text: it.text})
 	}
 }
 
@@ -660,7 +726,7 @@ func (e *Engine) vocoderLoop() {
 		if !ok {
 			return
 		}
-		items = liveItems(items, func(it *vocItem) *stream { return it.s })
+		items = liveItems(e, items, func(it *vocItem) *stream { return it.s })
 		items, rest := engine.TakeBatch(items, e.vocFrames, e.spread, nil, func(it *vocItem) (int, bool, *stream) {
 			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
 		})
@@ -679,25 +745,28 @@ func (e *Engine) vocoderLoop() {
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(fmt.Errorf("vocoder: %w", err))
+				e.release(it.s)
 				continue
 			}
-			it.s.push(audio[i][it.ctxFrames*hop:], rate)
+			it.s.push(audio[i][it.ctxFrames*hop:], rate, it.text)
 			if it.first {
 				e.firstAudioOut(it.s)
 			}
 			if it.last {
 				it.s.finish(nil)
 			}
+			e.release(it.s)
 		}
 	}
 }
 
 // liveItems drops the items of streams whose request has ended.
-func liveItems[T any](items []T, s func(T) *stream) []T {
+func liveItems[T any](e *Engine, items []T, s func(T) *stream) []T {
 	out := items[:0]
 	for _, it := range items {
 		if err := s(it).ctx.Err(); err != nil {
 			s(it).finish(err)
+			e.release(s(it))
 			continue
 		}
 		out = append(out, it)

@@ -477,6 +477,7 @@ type AudioChunk struct {
 	PcmF32Le      []byte                 `protobuf:"bytes,1,opt,name=pcm_f32le,json=pcmF32le,proto3" json:"pcm_f32le,omitempty"` // mono float32 little-endian samples
 	SampleRate    uint32                 `protobuf:"varint,2,opt,name=sample_rate,json=sampleRate,proto3" json:"sample_rate,omitempty"`
 	Index         uint32                 `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	Text          *TextSpan              `protobuf:"bytes,4,opt,name=text,proto3" json:"text,omitempty"` // the part of the request's text the chunk speaks; unset: unknown
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -532,6 +533,66 @@ func (x *AudioChunk) GetIndex() uint32 {
 	return 0
 }
 
+func (x *AudioChunk) GetText() *TextSpan {
+	if x != nil {
+		return x.Text
+	}
+	return nil
+}
+
+// Byte offsets into the request's text, [start, end) (tts.TextSpan).
+type TextSpan struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Start         uint32                 `protobuf:"varint,1,opt,name=start,proto3" json:"start,omitempty"`
+	End           uint32                 `protobuf:"varint,2,opt,name=end,proto3" json:"end,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TextSpan) Reset() {
+	*x = TextSpan{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TextSpan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TextSpan) ProtoMessage() {}
+
+func (x *TextSpan) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TextSpan.ProtoReflect.Descriptor instead.
+func (*TextSpan) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *TextSpan) GetStart() uint32 {
+	if x != nil {
+		return x.Start
+	}
+	return 0
+}
+
+func (x *TextSpan) GetEnd() uint32 {
+	if x != nil {
+		return x.End
+	}
+	return 0
+}
+
 type HealthRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -540,7 +601,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -552,7 +613,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -565,7 +626,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
 }
 
 type HealthResponse struct {
@@ -574,14 +635,19 @@ type HealthResponse struct {
 	Message  string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Inflight uint32                 `protobuf:"varint,3,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	// Cumulative batch counters of the pipeline's stages since the process started.
-	Stages        []*StageStats `protobuf:"bytes,4,rep,name=stages,proto3" json:"stages,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stages []*StageStats `protobuf:"bytes,4,rep,name=stages,proto3" json:"stages,omitempty"`
+	// Requests cancelled while the engine still worked on them, and the time from each cancel
+	// until no stage held it, summed and the longest (tts.CancelStats).
+	Cancels            uint64 `protobuf:"varint,5,opt,name=cancels,proto3" json:"cancels,omitempty"`
+	CancelFreeingNs    uint64 `protobuf:"varint,6,opt,name=cancel_freeing_ns,json=cancelFreeingNs,proto3" json:"cancel_freeing_ns,omitempty"`
+	CancelFreeingMaxNs uint64 `protobuf:"varint,7,opt,name=cancel_freeing_max_ns,json=cancelFreeingMaxNs,proto3" json:"cancel_freeing_max_ns,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -593,7 +659,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -606,7 +672,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HealthResponse) GetReady() bool {
@@ -637,6 +703,27 @@ func (x *HealthResponse) GetStages() []*StageStats {
 	return nil
 }
 
+func (x *HealthResponse) GetCancels() uint64 {
+	if x != nil {
+		return x.Cancels
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetCancelFreeingNs() uint64 {
+	if x != nil {
+		return x.CancelFreeingNs
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetCancelFreeingMaxNs() uint64 {
+	if x != nil {
+		return x.CancelFreeingMaxNs
+	}
+	return 0
+}
+
 type StageStats struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Stage         string                 `protobuf:"bytes,1,opt,name=stage,proto3" json:"stage,omitempty"`                  // lm_prefill, lm_decode, flow, vocoder
@@ -650,7 +737,7 @@ type StageStats struct {
 
 func (x *StageStats) Reset() {
 	*x = StageStats{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -662,7 +749,7 @@ func (x *StageStats) String() string {
 func (*StageStats) ProtoMessage() {}
 
 func (x *StageStats) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -675,7 +762,7 @@ func (x *StageStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageStats.ProtoReflect.Descriptor instead.
 func (*StageStats) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{8}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StageStats) GetStage() string {
@@ -763,19 +850,26 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05voice\x18\x03 \x01(\tR\x05voice\x12\x14\n" +
 	"\x05speed\x18\x04 \x01(\x02R\x05speed\x12\x12\n" +
 	"\x04seed\x18\x05 \x01(\x04R\x04seed\x12\"\n" +
-	"\finstructions\x18\x06 \x01(\tR\finstructions\"`\n" +
+	"\finstructions\x18\x06 \x01(\tR\finstructions\"\x90\x01\n" +
 	"\n" +
 	"AudioChunk\x12\x1b\n" +
 	"\tpcm_f32le\x18\x01 \x01(\fR\bpcmF32le\x12\x1f\n" +
 	"\vsample_rate\x18\x02 \x01(\rR\n" +
 	"sampleRate\x12\x14\n" +
-	"\x05index\x18\x03 \x01(\rR\x05index\"\x0f\n" +
-	"\rHealthRequest\"\x92\x01\n" +
+	"\x05index\x18\x03 \x01(\rR\x05index\x12.\n" +
+	"\x04text\x18\x04 \x01(\v2\x1a.voxmux.plugin.v1.TextSpanR\x04text\"2\n" +
+	"\bTextSpan\x12\x14\n" +
+	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
+	"\x03end\x18\x02 \x01(\rR\x03end\"\x0f\n" +
+	"\rHealthRequest\"\x8b\x02\n" +
 	"\x0eHealthResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
 	"\binflight\x18\x03 \x01(\rR\binflight\x124\n" +
-	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\"\x84\x01\n" +
+	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\x12\x18\n" +
+	"\acancels\x18\x05 \x01(\x04R\acancels\x12*\n" +
+	"\x11cancel_freeing_ns\x18\x06 \x01(\x04R\x0fcancelFreeingNs\x121\n" +
+	"\x15cancel_freeing_max_ns\x18\a \x01(\x04R\x12cancelFreeingMaxNs\"\x84\x01\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
@@ -801,7 +895,7 @@ func file_plugin_proto_voxmux_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_voxmux_proto_rawDescData
 }
 
-var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*LoadRequest)(nil),       // 0: voxmux.plugin.v1.LoadRequest
 	(*EngineOptions)(nil),     // 1: voxmux.plugin.v1.EngineOptions
@@ -809,27 +903,29 @@ var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*Gpu)(nil),               // 3: voxmux.plugin.v1.Gpu
 	(*SynthesizeRequest)(nil), // 4: voxmux.plugin.v1.SynthesizeRequest
 	(*AudioChunk)(nil),        // 5: voxmux.plugin.v1.AudioChunk
-	(*HealthRequest)(nil),     // 6: voxmux.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),    // 7: voxmux.plugin.v1.HealthResponse
-	(*StageStats)(nil),        // 8: voxmux.plugin.v1.StageStats
-	nil,                       // 9: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	(*TextSpan)(nil),          // 6: voxmux.plugin.v1.TextSpan
+	(*HealthRequest)(nil),     // 7: voxmux.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),    // 8: voxmux.plugin.v1.HealthResponse
+	(*StageStats)(nil),        // 9: voxmux.plugin.v1.StageStats
+	nil,                       // 10: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
-	9, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
-	1, // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
-	3, // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
-	8, // 3: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
-	0, // 4: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
-	4, // 5: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
-	6, // 6: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
-	2, // 7: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
-	5, // 8: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
-	7, // 9: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	10, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	1,  // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
+	3,  // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
+	6,  // 3: voxmux.plugin.v1.AudioChunk.text:type_name -> voxmux.plugin.v1.TextSpan
+	9,  // 4: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
+	0,  // 5: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
+	4,  // 6: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
+	7,  // 7: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
+	2,  // 8: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
+	5,  // 9: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
+	8,  // 10: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
+	8,  // [8:11] is the sub-list for method output_type
+	5,  // [5:8] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_voxmux_proto_init() }
@@ -843,7 +939,7 @@ func file_plugin_proto_voxmux_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_voxmux_proto_rawDesc), len(file_plugin_proto_voxmux_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

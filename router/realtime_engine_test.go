@@ -1,0 +1,140 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/staged"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// A voice agent on the tiny staged model: an LLM's tokens stream in over the socket, the agent
+// barges in (close_context) while its context speaks. Nothing of the context arrives after
+// context.closed, the engine drops the request from the LM's batch before its next decode step
+// and ends up holding nothing, and a second context on the same connection is spoken whole.
+func TestRealtimeBargeInFreesEngine(t *testing.T) {
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := staged.NewEngine(p)
+	defer e.Close()
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
+	pool.Add(ready("tiny/0", e, 8))
+	srv := New(Options{Pool: pool, MaxInputChars: 400, RequestTimeout: time.Minute, Realtime: RealtimeOptions{MinChars: 10, MaxChars: 200}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	c := wsDial(t, "http://"+ln.Addr().String(), nil)
+	wsSend(t, c, obj{"type": "session.config", "seed": 42})
+	if m := wsRead(t, c); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+
+	// LLM-sized deltas; the agent's reply is long enough to be interrupted mid-segment.
+	reply := "Sure, I can help with that. The first thing to check is whether the engine batches every stage across requests, which it does, so many agents share one GPU without waiting for each other in turn."
+	for _, tok := range strings.SplitAfter(reply, " ") {
+		wsSend(t, c, obj{"type": "input.text", "context_id": "agent", "text": tok})
+	}
+	wsSend(t, c, obj{"type": "input.text", "context_id": "other", "text": "A short aside.", "flush": true})
+	wsSend(t, c, obj{"type": "input.done", "context_id": "other"})
+
+	// Barge in once the agent's second segment is under way.
+	otherDone := false
+	for {
+		m := wsRead(t, c)
+		if m.Type == "error" {
+			t.Fatalf("%+v", m)
+		}
+		if m.Type == "context.closed" && m.ContextID == "other" {
+			otherDone = true
+		}
+		if m.Type == "audio.delta" && m.ContextID == "agent" && m.SegmentIndex == 1 {
+			break
+		}
+	}
+	wsSend(t, c, obj{"type": "close_context", "context_id": "agent"})
+	closed := false
+	for !closed || !otherDone {
+		m := wsRead(t, c)
+		switch {
+		case m.ContextID == "agent" && closed:
+			t.Fatalf("context agent sent %s after context.closed", m.Type)
+		case m.Type == "context.closed" && m.ContextID == "agent":
+			if m.Reason != "cancelled" {
+				t.Fatalf("context.closed %+v", m)
+			}
+			closed = true
+		case m.Type == "context.closed" && m.ContextID == "other":
+			otherDone = true
+		case m.Type == "error":
+			t.Fatalf("%+v", m)
+		}
+	}
+	// The engine lets go of the cancelled segments (bounded wait, not a speed target).
+	waitFor(t, func() bool { return e.Active() == 0 }, "the engine to hold nothing")
+	if n := e.CancelSteps(); n > 1 {
+		t.Errorf("a cancelled request stayed in the LM's batch for %d decode steps, want at most the one under way", n)
+	}
+	st := e.CancelStats()
+	if st.Count == 0 {
+		t.Error("the barge-in cancelled nothing the engine held")
+	}
+	t.Logf("cancels %d, cancel to freed: mean %v, max %v", st.Count, st.Freeing/time.Duration(max(st.Count, 1)), st.MaxFreeing)
+	wsSend(t, c, obj{"type": "close"})
+	if m := wsRead(t, c); m.Type != "session.done" {
+		t.Fatalf("close answered %+v", m)
+	}
+}
+
+// An HTTP client that goes away mid-stream cancels its request in the engine as a closed context
+// does: the engine counts the cancel and ends up holding nothing.
+func TestHTTPClientGoneFreesEngine(t *testing.T) {
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := staged.NewEngine(p)
+	defer e.Close()
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
+	pool.Add(ready("tiny/0", e, 8))
+	srv := New(Options{Pool: pool, MaxInputChars: 1000, RequestTimeout: time.Minute})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"input":"` + strings.Repeat("A long answer nobody waits for. ", 20) + `","response_format":"pcm"}`
+	fmt.Fprintf(conn, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	buf := make([]byte, 4096)
+	if _, err := conn.Read(buf); err != nil { // the headers and the first audio
+		t.Fatal(err)
+	}
+	conn.Close()
+	waitFor(t, func() bool { return e.CancelStats().Count == 1 && e.Active() == 0 }, "the engine to drop the abandoned request")
+	if n := e.CancelSteps(); n > 1 {
+		t.Errorf("the abandoned request stayed in the LM's batch for %d decode steps", n)
+	}
+}

@@ -1,0 +1,410 @@
+package router
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fasthttp/websocket"
+
+	"github.com/voxmux/voxmux/tts"
+)
+
+func TestSegmenter(t *testing.T) {
+	g := segmenter{minChars: 10, maxChars: 40}
+	for _, tc := range []struct {
+		in    string
+		flush bool
+		segs  []string
+		rest  string
+	}{
+		{"Hello world.", false, nil, "Hello world."},                                  // "." waits for what follows
+		{"Hello world. How", false, []string{"Hello world."}, " How"},                 // a sentence end
+		{"Really? Yes", false, []string{"Really?"}, " Yes"},                           // ? at once
+		{"Wow!", false, []string{"Wow!"}, ""},                                         // ! needs nothing after it
+		{"It costs 3.5 dollars, ok", false, []string{"It costs 3.5 dollars,"}, " ok"}, // "3.5" is no end
+		{"Hi, there", false, nil, "Hi, there"},                                        // a clause under min_chars
+		{"line one\nline two", false, []string{"line one\n"}, "line two"},
+		{"no punctuation at all in this long run of words here", false, []string{"no punctuation at all in this long run "}, "of words here"},
+		{"tail", true, []string{"tail"}, ""},
+		{"   ", true, nil, ""},
+		{"你好，世界。再见", false, []string{"你好，世界。"}, "再见"},
+	} {
+		segs, rest := g.split(tc.in, tc.flush)
+		if strings.Join(segs, "|") != strings.Join(tc.segs, "|") || rest != tc.rest {
+			t.Errorf("split(%q, %v) = %q, %q; want %q, %q", tc.in, tc.flush, segs, rest, tc.segs, tc.rest)
+		}
+	}
+}
+
+// Words are placed on the audio by the chunks' text spans: exact at chunk ends, interpolated
+// inside; without spans they are spread over the segment when it ends.
+func TestAligner(t *testing.T) {
+	text := "one two three"
+	a := newAligner(text, 100, 2, 1000)
+	w := a.chunk(1000, &tts.TextSpan{Start: 0, End: 4}) // "one " over 1 s
+	if len(w) != 1 || w[0].Word != "one" || w[0].Start != 2 || w[0].End != 2.75 || w[0].CharStart != 100 || w[0].CharEnd != 103 {
+		t.Fatalf("first chunk words %+v", w)
+	}
+	w = a.chunk(2000, &tts.TextSpan{Start: 4, End: 13}) // "two three" over 2 s
+	if len(w) != 2 || w[0].Start != 3 || w[1].Word != "three" || w[1].End != 5 {
+		t.Fatalf("second chunk words %+v", w)
+	}
+	if w := a.finish(); len(w) != 0 {
+		t.Fatalf("finish placed %+v again", w)
+	}
+	b := newAligner("ab cd", 0, 0, 100)
+	if w := b.chunk(100, nil); w != nil {
+		t.Fatalf("words without spans before the end: %+v", w)
+	}
+	w = b.finish()
+	if len(w) != 2 || w[0].Start != 0 || w[0].End != 0.4 || w[1].Start != 0.6 || w[1].End != 1 {
+		t.Fatalf("spread words %+v", w)
+	}
+}
+
+// wsDial connects to the test server's stream endpoint.
+func wsDial(t *testing.T, base string, hdr http.Header, protocols ...string) *websocket.Conn {
+	t.Helper()
+	d := websocket.Dialer{Subprotocols: protocols, HandshakeTimeout: 5 * time.Second}
+	c, resp, err := d.Dial("ws"+strings.TrimPrefix(base, "http")+RealtimePath, hdr)
+	if err != nil {
+		status := 0
+		if resp != nil {
+			status = resp.StatusCode
+		}
+		t.Fatalf("dial: %v (status %d)", err, status)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+type wsMsg struct {
+	Type         string  `json:"type"`
+	ContextID    string  `json:"context_id"`
+	SegmentIndex int     `json:"segment_index"`
+	Text         string  `json:"text"`
+	Code         string  `json:"code"`
+	Message      string  `json:"message"`
+	Reason       string  `json:"reason"`
+	Bytes        int     `json:"bytes"`
+	Start        float64 `json:"start"`
+	End          float64 `json:"end"`
+	Words        []Word  `json:"words"`
+	SampleRate   int     `json:"sample_rate"`
+	Audio        *string `json:"audio"`
+	audio        []byte
+}
+
+// wsRead reads the next message; an audio.delta gets its binary frame.
+func wsRead(t *testing.T, c *websocket.Conn) wsMsg {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	mt, b, err := c.ReadMessage()
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if mt != websocket.TextMessage {
+		t.Fatalf("a binary frame without its audio.delta")
+	}
+	var m wsMsg
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Type == "audio.delta" && m.Audio != nil {
+		if m.audio, err = base64.StdEncoding.DecodeString(*m.Audio); err != nil || len(m.audio) != m.Bytes {
+			t.Fatalf("audio.delta of %d bytes carries %d bytes of base64 audio, %v", m.Bytes, len(m.audio), err)
+		}
+	} else if m.Type == "audio.delta" {
+		mt, m.audio, err = c.ReadMessage()
+		if err != nil || mt != websocket.BinaryMessage || len(m.audio) != m.Bytes {
+			t.Fatalf("audio.delta of %d bytes followed by frame type %d of %d bytes, %v", m.Bytes, mt, len(m.audio), err)
+		}
+	}
+	return m
+}
+
+func wsSend(t *testing.T, c *websocket.Conn, v any) {
+	t.Helper()
+	if err := c.WriteJSON(v); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type obj = map[string]any
+
+// The whole protocol on one context: text arriving in LLM-sized deltas is spoken a segment at a
+// time, each segment's audio framed by audio.start and audio.done; input.done closes the context
+// and close ends the session.
+func TestRealtimeSession(t *testing.T) {
+	f := &fakeSynth{chunks: 3}
+	url := serveTest(t, ready("a", f, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "input.text", "text": "early"})
+	if m := wsRead(t, c); m.Type != "error" || m.Code != "session_not_configured" {
+		t.Fatalf("text before session.config: %+v", m)
+	}
+	wsSend(t, c, obj{"type": "session.config", "voice": "other", "response_format": "pcm", "sample_rate": 16000, "seed": 7})
+	if m := wsRead(t, c); m.Type != "session.created" || m.SampleRate != 16000 {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	for _, tok := range []string{"Hello", " world", ".", " How", " are", " you", "?"} {
+		wsSend(t, c, obj{"type": "input.text", "text": tok})
+	}
+	wsSend(t, c, obj{"type": "input.done"})
+	var got []string
+	pcmBytes := 0
+	for {
+		m := wsRead(t, c)
+		if len(got) == 0 || m.Type != "audio.delta" || got[len(got)-1] != "audio.delta" {
+			got = append(got, m.Type) // a run of audio.delta counts once
+		}
+		switch m.Type {
+		case "audio.start":
+			if want := []string{"Hello world.", "How are you?"}[m.SegmentIndex]; m.Text != want {
+				t.Errorf("segment %d text %q, want %q", m.SegmentIndex, m.Text, want)
+			}
+		case "audio.delta":
+			pcmBytes += len(m.audio)
+		case "audio.done":
+			if want := []int{2, 3}[m.SegmentIndex]; len(m.Words) != want {
+				t.Errorf("segment %d: words %+v, want its two words", m.SegmentIndex, m.Words)
+			}
+		}
+		if m.Type == "context.closed" {
+			if m.Reason != "done" || m.ContextID != "default" {
+				t.Errorf("context.closed %+v", m)
+			}
+			break
+		}
+	}
+	want := "audio.start audio.delta audio.done audio.start audio.delta audio.done context.closed"
+	if strings.Join(got, " ") != want {
+		t.Errorf("messages %s\nwant %s", strings.Join(got, " "), want)
+	}
+	// 2 segments × 3 chunks × 480 samples at 24 kHz, sent at 16 kHz as 16-bit samples.
+	if want := 2 * 3 * 480 * 2 / 3 * 2; pcmBytes < want-64 || pcmBytes > want+64 {
+		t.Errorf("%d bytes of pcm, want about %d", pcmBytes, want)
+	}
+	wsSend(t, c, obj{"type": "close"})
+	if m := wsRead(t, c); m.Type != "session.done" {
+		t.Fatalf("close answered %+v", m)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := c.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseNormalClosure) {
+		t.Fatalf("after session.done: %v, want a normal close", err)
+	}
+}
+
+// cancelSynth speaks chunks until its request is cancelled, and reports the cancel.
+type cancelSynth struct {
+	mu        sync.Mutex
+	cancelled map[string]bool
+}
+
+func (s *cancelSynth) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	for i := 0; ; i++ {
+		if err := emit(tts.Chunk{PCM: make([]float32, 480), SampleRate: 24000, Index: i}); err != nil {
+			break
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	s.mu.Lock()
+	s.cancelled[req.Text] = true
+	s.mu.Unlock()
+	return ctx.Err()
+}
+
+// Two contexts on one connection; closing one (a barge-in) cancels its request at the instance,
+// answers context.closed and sends nothing more of it, while the other goes on.
+func TestRealtimeCloseContext(t *testing.T) {
+	s := &cancelSynth{cancelled: map[string]bool{}}
+	url := serveTest(t, ready("a", s, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config", "audio_encoding": "base64"})
+	wsRead(t, c)
+	wsSend(t, c, obj{"type": "input.text", "context_id": "a", "text": "Never ending a.", "flush": true})
+	wsSend(t, c, obj{"type": "input.text", "context_id": "b", "text": "Never ending b.", "flush": true})
+	seen := map[string]int{}
+	for seen["a"] < 3 || seen["b"] < 3 {
+		m := wsRead(t, c)
+		if m.Type == "audio.delta" {
+			seen[m.ContextID]++
+		}
+	}
+	wsSend(t, c, obj{"type": "close_context", "context_id": "a"})
+	closed := false
+	for n := 0; n < 20; n++ {
+		m := wsRead(t, c)
+		if m.ContextID == "a" && closed {
+			t.Fatalf("context a sent %s after context.closed", m.Type)
+		}
+		if m.Type == "context.closed" {
+			if m.ContextID != "a" || m.Reason != "cancelled" {
+				t.Fatalf("context.closed %+v", m)
+			}
+			closed = true
+		}
+	}
+	if !closed {
+		t.Fatal("no context.closed for a")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		a, b := s.cancelled["Never ending a."], s.cancelled["Never ending b."]
+		s.mu.Unlock()
+		if a {
+			if b {
+				t.Fatal("closing context a cancelled b too")
+			}
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Closing the socket cancels the rest.
+	c.Close()
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		b := s.cancelled["Never ending b."]
+		s.mu.Unlock()
+		if b {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("the instance never saw context b cancelled after the socket closed")
+}
+
+// API keys apply to the socket as to HTTP: an Authorization header, or (browsers) the
+// subprotocol bearer.KEY, the server then selecting voxmux.v1.
+func TestRealtimeAuth(t *testing.T) {
+	pool := NewPool(tinyModel, QueueOptions{Size: 1, Timeout: time.Second})
+	pool.Add(ready("a", &fakeSynth{chunks: 1}, 1))
+	srv := New(Options{Pool: pool, MaxInputChars: 100, APIKeys: map[string]struct{}{"k1": {}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	base := "ws://" + ln.Addr().String() + RealtimePath
+	if _, resp, err := websocket.DefaultDialer.Dial(base, nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("no key: %v", err)
+	}
+	if _, resp, err := (&websocket.Dialer{Subprotocols: []string{"voxmux.v1", "bearer.wrong"}}).Dial(base, nil); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("wrong key: %v", err)
+	}
+	c, _, err := websocket.DefaultDialer.Dial(base, http.Header{"Authorization": {"Bearer k1"}})
+	if err != nil {
+		t.Fatalf("header key: %v", err)
+	}
+	c.Close()
+	c, _, err = (&websocket.Dialer{Subprotocols: []string{"voxmux.v1", "bearer.k1"}}).Dial(base, nil)
+	if err != nil {
+		t.Fatalf("subprotocol key: %v", err)
+	}
+	if c.Subprotocol() != "voxmux.v1" {
+		t.Errorf("selected subprotocol %q", c.Subprotocol())
+	}
+	c.Close()
+}
+
+// A segment queued behind a full instance whose socket closes leaves the queue at once; a live
+// request behind it is served.
+func TestRealtimeQueuedSegmentDropped(t *testing.T) {
+	gate := make(chan struct{})
+	f := &fakeSynth{chunks: 2, gate: gate}
+	pool := NewPool(tinyModel, QueueOptions{Size: 1, Timeout: 30 * time.Second})
+	pool.Add(ready("a", f, 1))
+	srv := New(Options{Pool: pool, MaxInputChars: 100})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	url := "http://" + ln.Addr().String()
+
+	busy := wsDial(t, url, nil)
+	wsSend(t, busy, obj{"type": "session.config"})
+	wsRead(t, busy)
+	wsSend(t, busy, obj{"type": "input.text", "text": "Holds the slot.", "flush": true})
+	for m := wsRead(t, busy); m.Type != "audio.delta"; m = wsRead(t, busy) {
+	}
+	gone := wsDial(t, url, nil)
+	wsSend(t, gone, obj{"type": "session.config"})
+	wsRead(t, gone)
+	wsSend(t, gone, obj{"type": "input.text", "text": "Waits, then leaves.", "flush": true})
+	waitFor(t, func() bool { return pool.QueueLen() == 1 }, "the segment to queue")
+	gone.Close()
+	waitFor(t, func() bool { return pool.QueueLen() == 0 }, "the abandoned segment to leave the queue")
+
+	live := wsDial(t, url, nil)
+	wsSend(t, live, obj{"type": "session.config"})
+	wsRead(t, live)
+	wsSend(t, live, obj{"type": "input.text", "text": "Served next.", "flush": true})
+	waitFor(t, func() bool { return pool.QueueLen() == 1 }, "the live segment to queue")
+	close(gate) // the busy request ends
+	for {
+		m := wsRead(t, live)
+		if m.Type == "audio.done" {
+			break
+		}
+		if m.Type == "error" {
+			t.Fatalf("live request: %+v", m)
+		}
+	}
+	if n := f.Calls(); n != 2 {
+		t.Errorf("instance ran %d requests, want 2 (the abandoned one never)", n)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Text for a context after its input.done is refused, not silently dropped.
+func TestRealtimeTextAfterInputDone(t *testing.T) {
+	gate := make(chan struct{})
+	url := serveTest(t, ready("a", &fakeSynth{chunks: 2, gate: gate}, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config"})
+	wsRead(t, c)
+	wsSend(t, c, obj{"type": "input.text", "text": "Done soon."})
+	wsSend(t, c, obj{"type": "input.done"})
+	wsSend(t, c, obj{"type": "input.text", "text": "Too late."})
+	for {
+		m := wsRead(t, c)
+		if m.Type == "error" {
+			if m.Code != "context_closing" {
+				t.Fatalf("error %+v", m)
+			}
+			break
+		}
+	}
+	close(gate)
+	for m := wsRead(t, c); m.Type != "context.closed"; m = wsRead(t, c) {
+		if m.Type == "audio.start" && m.Text != "Done soon." {
+			t.Fatalf("spoke %q", m.Text)
+		}
+	}
+}
