@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -41,6 +42,9 @@ type speechRequest struct {
 	// Stream false asks for the whole file in one body with its length (and complete WAV and
 	// FLAC headers) instead of audio as it is made.
 	Stream *bool `json:"stream"`
+	// Seed makes the audio reproducible: the same request with the same seed gives the same
+	// audio. Absent: a random seed per request.
+	Seed *uint64 `json:"seed"`
 }
 
 // speechJob is a validated request.
@@ -60,6 +64,9 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	var r speechRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&r); err != nil {
+		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field == "seed" {
+			return nil, invalid("seed", "seed must be an integer from 0 to 18446744073709551615")
+		}
 		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
 	}
 	if dec.More() {
@@ -109,7 +116,10 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 			return nil, invalid("speed", fmt.Sprintf("speed %g is outside 0.25 to 4.0", speed))
 		}
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1, Seed: randomSeed()}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse"}
+	if r.Seed != nil {
+		job.req.Seed = *r.Seed
+	}
 	if r.Stream != nil && !*r.Stream {
 		if job.sse {
 			return nil, invalid("stream", `"stream": false asks for one whole file; stream_format "sse" is a stream of events`)
@@ -516,6 +526,13 @@ func synthError(err error) *apiError {
 	// An instance the pool took as ready failed (ErrNotReady here is a process that died or is
 	// going away between the pool's pick and the call: a connection refused, for one).
 	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before any audio")
+}
+
+// randomSeed is the seed of a request that names none.
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 func newRequestID() string {
