@@ -91,50 +91,108 @@ func (e *Engine) Close() error {
 }
 
 // Synthesize runs req and calls emit with each audio chunk in order. It returns when the audio is
-// complete, emit fails, or ctx ends.
+// complete, emit fails, or ctx ends. Long text is spoken as segments (the manifest's text:), in
+// order, as one stream of chunks: each segment's LM starts once the one before it has left the
+// LM, so its audio is ready when the previous segment's ends.
 func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	if req.Text == "" {
 		return tts.ErrEmptyText
 	}
 	if !utf8.ValidString(req.Text) {
-		return errors.New("text is not valid UTF-8")
+		return tts.Invalid("text is not valid UTF-8")
 	}
-	s := e.newStream(ctx, req)
-	defer s.cancel()
-	if lim := e.p.lm.limit(); lim > 0 {
-		// The LM's cache holds the prompt and every speech token but the last.
-		if len(s.prompt)+s.minTok > lim {
-			return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("text is too long for model %s: its %d prompt tokens and at least %d speech tokens need more than the LM's %d positions (lm.max_positions)", e.p.m.Name, len(s.prompt), s.minTok, lim)}
+	segs := e.p.m.Segments(req.Text)
+	prompts := make([][]int64, len(segs))
+	// Every segment is checked before any work starts.
+	for i, seg := range segs {
+		prompts[i] = e.p.m.Tokenize(seg)
+		if err := e.checkPrompt(prompts[i], seg, i, len(segs)); err != nil {
+			return err
 		}
-		s.maxTok = min(s.maxTok, lim-len(s.prompt))
 	}
-	s.marks[markArrived] = time.Now()
-	select {
-	case e.arrivals <- s:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-e.done:
-		return errors.New("engine is shut down")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the segments started and not yet spoken end with the request
+	var started []*stream
+	start := func() error {
+		i := len(started)
+		s := e.newStream(ctx, req, segs[i], prompts[i], i)
+		started = append(started, s)
+		s.marks[markArrived] = time.Now()
+		select {
+		case e.arrivals <- s:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.done:
+			return errors.New("engine is shut down")
+		}
 	}
-	for {
-		chunks, closed, err := s.take()
-		for _, c := range chunks {
-			if err := s.ctx.Err(); err != nil {
-				return err // cancelled while several chunks were waiting: emit no more
+	if err := start(); err != nil {
+		return err
+	}
+	index := 0
+	for cur := 0; cur < len(segs); cur++ {
+		s := started[cur]
+		for {
+			chunks, closed, err := s.take()
+			for _, c := range chunks {
+				if err := s.ctx.Err(); err != nil {
+					return err // cancelled while several chunks were waiting: emit no more
+				}
+				c.Index = index
+				index++
+				if err := emit(c); err != nil {
+					return err
+				}
 			}
-			if err := emit(c); err != nil {
+			if closed && err != nil {
+				return err
+			}
+			if closed {
+				break
+			}
+			// The next segment starts once this one has left the LM, at most one ahead.
+			var lmDone chan struct{}
+			if len(started) == cur+1 && len(started) < len(segs) {
+				lmDone = s.lmDone
+			}
+			select {
+			case <-s.notify:
+			case <-lmDone:
+				if err := start(); err != nil {
+					return err
+				}
+			case <-s.ctx.Done():
+				return s.ctx.Err()
+			}
+		}
+		if len(started) == cur+1 && len(started) < len(segs) {
+			if err := start(); err != nil {
 				return err
 			}
 		}
-		if closed {
-			return err
-		}
-		select {
-		case <-s.notify:
-		case <-s.ctx.Done():
-			return s.ctx.Err()
+	}
+	return nil
+}
+
+// checkPrompt refuses a segment's prompt that passes the model's limits, in tokens.
+func (e *Engine) checkPrompt(prompt []int64, seg string, i, n int) error {
+	m := e.p.m
+	what := "the text"
+	if n > 1 {
+		what = fmt.Sprintf("segment %d of %d", i+1, n)
+	}
+	if lim := m.LM.MaxPromptTokens; len(prompt) > lim {
+		return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens; the limit is %d tokens (lm.max_prompt_tokens)", m.Name, what, len(prompt), lim))
+	}
+	if lim := e.p.lm.limit(); lim > 0 {
+		// The LM's cache holds the prompt and every speech token but the last.
+		minTok, _ := m.TokenBounds(seg, len(prompt)-2)
+		if len(prompt)+minTok > lim {
+			return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens and needs at least %d speech tokens, more than the LM's %d positions (lm.max_positions)", m.Name, what, len(prompt), minTok, lim))
 		}
 	}
+	return nil
 }
 
 // stream is one request moving through the engine.
@@ -143,6 +201,11 @@ type stream struct {
 	cancel context.CancelFunc
 	req    tts.Request
 	prompt []int64
+	// sampler draws the stream's tokens; nil: greedy (the manifest has no lm.sampling).
+	sampler *sampler
+	// lmDone is closed once the stream has left the LM (done, failed or cancelled).
+	lmDone chan struct{}
+	lmOnce sync.Once
 
 	// Owned by the LM loop.
 	row            *lmRow
@@ -167,13 +230,22 @@ type stream struct {
 	notify chan struct{}
 }
 
-func (e *Engine) newStream(ctx context.Context, req tts.Request) *stream {
+// newStream makes the stream of segment i of req, whose text is seg and prompt prompt.
+func (e *Engine) newStream(ctx context.Context, req tts.Request, seg string, prompt []int64, i int) *stream {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &stream{ctx: ctx, cancel: cancel, req: req, notify: make(chan struct{}, 1)}
-	s.prompt = e.p.m.Tokenize(req.Text)
-	s.minTok, s.maxTok = e.p.m.TokenBounds(req.Text)
+	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, notify: make(chan struct{}, 1), lmDone: make(chan struct{})}
+	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, len(prompt)-2)
+	if lim := e.p.lm.limit(); lim > 0 {
+		s.maxTok = min(s.maxTok, lim-len(prompt))
+	}
+	if sp := e.p.m.LM.Sampling; sp != nil {
+		s.sampler = newSampler(*sp, req.Seed, i)
+	}
 	return s
 }
+
+// leftLM records that the stream needs the LM no more.
+func (s *stream) leftLM() { s.lmOnce.Do(func() { close(s.lmDone) }) }
 
 func (s *stream) push(pcm []float32, rate int) {
 	s.mu.Lock()
@@ -184,6 +256,7 @@ func (s *stream) push(pcm []float32, rate int) {
 }
 
 func (s *stream) finish(err error) {
+	s.leftLM()
 	s.mu.Lock()
 	if !s.closed {
 		s.closed, s.err = true, err
@@ -393,7 +466,13 @@ func prefillGroups(fresh []*stream, n int) [][]*stream {
 // the stream still needs the LM.
 func (e *Engine) advance(s *stream, logits []float32) bool {
 	m := e.p.m
-	tok := argmax(logits, len(s.tokens) >= s.minTok)
+	allowEnd := len(s.tokens) >= s.minTok
+	var tok int
+	if s.sampler != nil {
+		tok = s.sampler.pick(logits, s.tokens, allowEnd)
+	} else {
+		tok = argmax(logits, allowEnd)
+	}
 	done := tok == m.LM.SpeechVocab
 	if !done {
 		s.tokens = append(s.tokens, int64(tok))
@@ -405,6 +484,7 @@ func (e *Engine) advance(s *stream, logits []float32) bool {
 		pending := len(s.tokens) - s.flowed
 		size := m.ChunkSize(s.chunk)
 		if done && pending <= size {
+			s.leftLM()
 			if pending > 0 {
 				e.toFlow(s, len(s.tokens), true)
 			} else {
