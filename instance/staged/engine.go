@@ -410,7 +410,7 @@ func (e *Engine) lmLoop() {
 		}
 		// New streams are prefilled and join the batch for the next step, so arrivals never hold
 		// the running streams back by more than one round of prefills.
-		for _, group := range prefillGroups(fresh, dec.prefillRows()) {
+		for _, group := range prefillGroups(fresh, dec.prefillRows(), e.p.m.LM.MaxPromptTokens) {
 			prompts := make([][]int64, len(group))
 			arrived := make([]time.Time, len(group))
 			for i, s := range group {
@@ -440,11 +440,14 @@ func (e *Engine) lmLoop() {
 }
 
 // prefillGroups splits new streams into the prefills that run them: by prompt length, so a
-// prefill pads its prompts little, in groups of at most n (0: one group). A burst of arrivals
+// prefill pads its prompts little, in groups of at most n (0: any number). A burst of arrivals
 // (a level of a benchmark, clients back after a restart) then runs as prefills of shapes the
 // decoder prepared at load: on an H100 one prefill of 17.6 prompts in shapes it had not run before
-// took 150 ms on average and held every running stream meanwhile.
-func prefillGroups(fresh []*stream, n int) [][]*stream {
+// took 150 ms on average and held every running stream meanwhile. A group also costs at most what
+// one prompt of maxTokens costs (0: no bound): rows × longest² ≤ maxTokens², since a prefill's
+// attention memory grows with its rows and the square of its padded length, so concurrent long
+// prompts take no more memory than one at the limit.
+func prefillGroups(fresh []*stream, n, maxTokens int) [][]*stream {
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -453,9 +456,17 @@ func prefillGroups(fresh []*stream, n int) [][]*stream {
 	if n <= 0 {
 		n = len(sorted)
 	}
+	budget := int64(maxTokens) * int64(maxTokens)
 	var out [][]*stream
 	for len(sorted) > 0 {
-		k := min(n, len(sorted))
+		k := 1
+		for k < min(n, len(sorted)) {
+			longest := int64(len(sorted[k].prompt)) // sorted: the group's longest if it takes k+1
+			if budget > 0 && int64(k+1)*longest*longest > budget {
+				break
+			}
+			k++
+		}
 		out = append(out, sorted[:k:k])
 		sorted = sorted[k:]
 	}
