@@ -64,8 +64,12 @@ type referenceCase struct {
 }
 
 func loadReference(t testing.TB) reference {
+	return loadReferenceFile(t, "testdata/qwen2/ref_ids.json")
+}
+
+func loadReferenceFile(t testing.TB, path string) reference {
 	t.Helper()
-	data, err := os.ReadFile("testdata/qwen2/ref_ids.json")
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,6 +98,28 @@ func TestQwen2MatchesReference(t *testing.T) {
 	}
 	if tok.Size() != ref.VocabSize {
 		t.Errorf("size %d, want %d", tok.Size(), ref.VocabSize)
+	}
+}
+
+// 400 texts of random pieces (words, contractions, digits, punctuation, every kind of white
+// space, scripts, emoji sequences, combining marks, special tokens whole and broken) made by
+// testdata/qwen2/reference.py with a fixed seed.
+func TestQwen2MatchesReferenceOnRandomTexts(t *testing.T) {
+	tok := qwen2(t)
+	ref := loadReferenceFile(t, "testdata/qwen2/fuzz_ids.json")
+	if len(ref.Cases) != 400 {
+		t.Fatalf("reference has %d cases", len(ref.Cases))
+	}
+	bad := 0
+	for _, c := range ref.Cases {
+		if got := tok.Encode(c.Text); !slices.Equal(got, c.IDs) {
+			if bad++; bad <= 10 {
+				t.Errorf("%q:\n got %v\nwant %v", c.Text, got, c.IDs)
+			}
+		}
+	}
+	if bad > 0 {
+		t.Errorf("%d of %d texts differ", bad, len(ref.Cases))
 	}
 }
 

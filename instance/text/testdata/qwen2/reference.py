@@ -23,3 +23,14 @@ out["vocab_size"] = len(fast)
 print("slow/fast mismatches:", mism, "len", len(fast), out["specials"])
 dst = os.environ.get("OUT", "/tmp")
 json.dump(out, open(os.path.join(dst, "ref_ids.json"), "w"), ensure_ascii=False)
+
+fz = json.load(open(os.path.join(d, "fuzz.json")))
+fout = {"transformers": transformers.__version__, "cases": []}
+fm = 0
+for t in fz:
+    a = fast([t])["input_ids"][0]
+    if a != slow([t])["input_ids"][0]:
+        fm += 1
+    fout["cases"].append({"text": t, "ids": a})
+print("fuzz slow/fast mismatches:", fm, "of", len(fz))
+json.dump(fout, open(os.path.join(dst, "fuzz_ids.json"), "w"), ensure_ascii=False)
