@@ -82,8 +82,9 @@ func dropBlanks(text string) string {
 	return b.String()
 }
 
-// number is an ASCII number: digits, optionally a decimal part, optionally a percent sign.
-var number = regexp.MustCompile(`[0-9]+(?:\.[0-9]+)?%?`)
+// number is an ASCII number: digits (or groups of three after commas: 1,000,000), optionally a
+// decimal part, optionally a percent sign.
+var number = regexp.MustCompile(`(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?%?`)
 
 // numbersEN spells out numbers: 1234 → "one thousand, two hundred and thirty-four" (in the style
 // of Python's inflect, which the reference uses), 3.5 → "three point five", 50% → "fifty
@@ -102,6 +103,7 @@ func numbersEN(text string) string {
 		pct := strings.HasSuffix(tok, "%")
 		tok = strings.TrimSuffix(tok, "%")
 		whole, frac, _ := strings.Cut(tok, ".")
+		whole = strings.ReplaceAll(whole, ",", "")
 		suffix := strings.ToLower(text[e:min(e+2, len(text))])
 		ordinal := frac == "" && !pct && len(suffix) == 2 && (suffix == "st" || suffix == "nd" || suffix == "rd" || suffix == "th") &&
 			(e+2 == len(text) || !isLetter(rune(text[e+2])))
@@ -214,7 +216,7 @@ func numbersZH(text string) string {
 		pct := strings.HasSuffix(tok, "%")
 		tok = strings.TrimSuffix(tok, "%")
 		whole, frac, _ := strings.Cut(tok, ".")
-		s := cardinalZH(whole)
+		s := cardinalZH(strings.ReplaceAll(whole, ",", ""))
 		if frac != "" {
 			s += "点"
 			for _, d := range frac {
