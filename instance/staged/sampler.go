@@ -12,9 +12,9 @@ import (
 type sampler struct {
 	spec SamplingSpec
 	rng  *rand.Rand
-	// Scratch, reused between steps.
-	probs []float64
-	top   []int
+	// Scratch, reused between steps: unnormalized probabilities, the top_k ids.
+	w   []float64
+	top []int
 }
 
 // segmentStream numbers a request's segments' generators apart from one another (PCG's second
@@ -28,62 +28,53 @@ func newSampler(spec SamplingSpec, seed uint64, segment int) *sampler {
 // pick returns the next token for logits (speech tokens, then end of speech last), given the
 // tokens decoded so far; end of speech is banned while allowEnd is false.
 func (s *sampler) pick(logits []float32, decoded []int64, allowEnd bool) int {
-	end := len(logits) - 1
-	p := s.softmax(logits, func(i int) bool { return i == end && !allowEnd })
-	top := s.nucleus(p)
-	w := s.spec.Window
-	if w > 0 { // window 0: no repetition check
+	n := len(logits)
+	if !allowEnd {
+		n-- // end of speech, the last, is out
+	}
+	// The k most likely tokens, by logit (softmax keeps the order), and the normalizer.
+	top, hi := s.topK(logits[:n])
+	if cap(s.w) < n {
+		s.w = make([]float64, n)
+	}
+	w := s.w[:n]
+	var z float64
+	for i, l := range logits[:n] {
+		w[i] = expNeg(float64(l) - hi)
+		z += w[i]
+	}
+	// The nucleus: from the top while the probability taken is below top_p.
+	var cum float64
+	k := 0
+	for k < len(top) && cum < s.spec.TopP {
+		cum += w[top[k]] / z
+		k++
+	}
+	tok := s.drawAmong(w, top[:k])
+	if win := s.spec.Window; win > 0 { // window 0: no repetition check
 		rep := 0
-		for _, t := range decoded[max(0, len(decoded)-w):] {
-			if int(t) == top {
+		for _, t := range decoded[max(0, len(decoded)-win):] {
+			if int(t) == tok {
 				rep++
 			}
 		}
-		if float64(rep) >= float64(w)*s.spec.TauR {
+		if float64(rep) >= float64(win)*s.spec.TauR {
 			// Too repetitive: draw from everything but that token.
-			p[top] = 0
-			return s.draw(p, nil)
+			z -= w[tok]
+			w[tok] = 0
+			return s.drawAll(w, z)
 		}
 	}
-	return top
+	return tok
 }
 
-// softmax fills s.probs with the softmax of logits, banned entries 0 (a logit of -inf).
-func (s *sampler) softmax(logits []float32, banned func(int) bool) []float64 {
-	if cap(s.probs) < len(logits) {
-		s.probs = make([]float64, len(logits))
-	}
-	p := s.probs[:len(logits)]
-	hi := math.Inf(-1)
-	for i, l := range logits {
-		if !banned(i) {
-			hi = max(hi, float64(l))
-		}
-	}
-	var sum float64
-	for i, l := range logits {
-		if banned(i) {
-			p[i] = 0
-			continue
-		}
-		p[i] = math.Exp(float64(l) - hi)
-		sum += p[i]
-	}
-	for i := range p {
-		p[i] /= sum
-	}
-	return p
-}
-
-// nucleus takes tokens from the most likely down (ties: the lower id first) while their
-// probability so far is below top_p and fewer than top_k are taken, and draws one of them in
-// proportion to its probability.
-func (s *sampler) nucleus(p []float64) int {
+// topK returns the ids of the top_k highest logits, highest first (ties: the lower id first),
+// and the highest logit.
+func (s *sampler) topK(logits []float32) ([]int, float64) {
 	k := s.spec.TopK
 	top := s.top[:0]
-	// The k most likely, in order, by insertion: k is small beside the vocabulary.
-	for i, v := range p {
-		if len(top) == k && v <= p[top[k-1]] {
+	for i, v := range logits {
+		if len(top) == k && v <= logits[top[k-1]] {
 			continue
 		}
 		j := len(top)
@@ -92,54 +83,72 @@ func (s *sampler) nucleus(p []float64) int {
 		} else {
 			j = k - 1
 		}
-		for j > 0 && p[top[j-1]] < v {
+		for j > 0 && logits[top[j-1]] < v {
 			top[j] = top[j-1]
 			j--
 		}
 		top[j] = i
 	}
 	s.top = top
-	var cum float64
-	n := 0
-	for n < len(top) && cum < s.spec.TopP {
-		cum += p[top[n]]
-		n++
-	}
-	return s.draw(p, top[:n])
+	return top, float64(logits[top[0]])
 }
 
-// draw picks an index in proportion to p, among ids (all of p when ids is nil).
-func (s *sampler) draw(p []float64, ids []int) int {
+// drawAmong draws one of ids in proportion to its weight in w.
+func (s *sampler) drawAmong(w []float64, ids []int) int {
 	var sum float64
-	if ids == nil {
-		for _, v := range p {
-			sum += v
-		}
-	} else {
-		for _, i := range ids {
-			sum += p[i]
-		}
+	for _, i := range ids {
+		sum += w[i]
 	}
 	r := s.rng.Float64() * sum
-	last := -1
-	if ids == nil {
-		for i, v := range p {
-			if v > 0 {
-				last = i
-				if r < v {
-					return i
-				}
-				r -= v
-			}
-		}
-		return last // r ran past the end by rounding
-	}
 	for _, i := range ids {
-		last = i
-		if r < p[i] {
+		if r < w[i] {
 			return i
 		}
-		r -= p[i]
+		r -= w[i]
+	}
+	return ids[len(ids)-1] // r ran past the end by rounding
+}
+
+// drawAll draws an index in proportion to w, whose sum is sum.
+func (s *sampler) drawAll(w []float64, sum float64) int {
+	r := s.rng.Float64() * sum
+	last := -1
+	for i, p := range w {
+		if p > 0 {
+			last = i
+			if r < p {
+				return i
+			}
+			r -= p
+		}
 	}
 	return last
 }
+
+// expNeg is e^x for x ≤ 0, to about 1e-14 relative: a pick computes it for every speech token,
+// and math.Exp made a pick over 6,562 tokens cost 200 µs. x = (32m + j)·ln2/32 + r with
+// |r| ≤ ln2/64; e^x = 2^m · 2^(j/32) · e^r, the first built in the bits, the second from a
+// table, the third by its Taylor series to r⁵.
+func expNeg(x float64) float64 {
+	if x < -708 || x != x {
+		return 0
+	}
+	const (
+		inv    = 32 / math.Ln2
+		stepHi = 6.93147180369123816490e-01 / 32 // ln2/32 in two parts, the first exact in its
+		stepLo = 1.90821492927058770002e-10 / 32 // bits, so n·stepHi loses nothing
+	)
+	n := int64(x*inv - 0.5) // nearest integer: x*inv ≤ 0
+	r := x - float64(n)*stepHi - float64(n)*stepLo
+	p := 1 + r*(1+r*(1.0/2+r*(1.0/6+r*(1.0/24+r*(1.0/120)))))
+	m, j := n>>5, n&31
+	return p * exp2Frac[j] * math.Float64frombits(uint64(m+1023)<<52)
+}
+
+// exp2Frac[j] is 2^(j/32).
+var exp2Frac = func() (t [32]float64) {
+	for j := range t {
+		t[j] = math.Exp2(float64(j) / 32)
+	}
+	return t
+}()

@@ -3,6 +3,7 @@ package staged
 import (
 	"context"
 	"errors"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -132,4 +133,44 @@ func TestPromptTokenLimit(t *testing.T) {
 		}
 		e.Close()
 	}
+}
+
+// Enough streams at once that their tokens are picked in parallel (pickAll): still the same audio
+// to the byte as each request alone.
+func TestSamplingManyStreamsEqualAlone(t *testing.T) {
+	e := samplingEngine(t)
+	reqs := make([]tts.Request, 24)
+	for i := range reqs {
+		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
+	}
+	alone := make([][]float32, len(reqs))
+	for i, r := range reqs {
+		alone[i] = synth(t, e, r)
+	}
+	decode := func() (batches, items uint64) {
+		for _, s := range e.Stats() {
+			if s.Stage == "lm_decode" {
+				return s.Batches, s.Items
+			}
+		}
+		return 0, 0
+	}
+	b0, i0 := decode()
+	batched := make([][]float32, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batched[i] = synth(t, e, r)
+		}()
+	}
+	wg.Wait()
+	for i, r := range reqs {
+		if !slices.Equal(alone[i], batched[i]) {
+			t.Errorf("%q seed %d: %d samples batched, %d alone, not equal", r.Text, r.Seed, len(batched[i]), len(alone[i]))
+		}
+	}
+	b1, i1 := decode()
+	t.Logf("%.1f streams per decode step batched, GOMAXPROCS %d", float64(i1-i0)/float64(b1-b0), runtime.GOMAXPROCS(0))
 }
