@@ -481,7 +481,7 @@ func prefillGroups(fresh []*stream, n, maxTokens int) [][]*stream {
 
 // pickAll chooses each stream's next token from its logits (end of speech banned below the
 // stream's minimum). Sampling streams are picked in parallel when they are many: a pick reads the
-// whole speech vocabulary (about 60 µs for CosyVoice3's 6,562 on a slow core) and runs between
+// whole speech vocabulary (60–140 µs for CosyVoice3's 6,562 on a shared 2-core CPU) and runs between
 // two LM steps. Each stream's pick depends on its own logits and generator alone.
 func (e *Engine) pickAll(streams []*stream, logits [][]float32) []int {
 	toks := make([]int, len(streams))
