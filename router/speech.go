@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -43,6 +44,9 @@ type speechRequest struct {
 	Stream *bool `json:"stream"`
 	// Timestamps adds speech.audio.timestamps events to an SSE stream (router/timestamps.go).
 	Timestamps bool `json:"timestamps"`
+	// Seed makes the audio reproducible: the same request with the same seed gives the same
+	// audio. Absent: a random seed per request.
+	Seed *uint64 `json:"seed"`
 }
 
 // speechJob is a validated request.
@@ -63,6 +67,9 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	var r speechRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&r); err != nil {
+		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field == "seed" {
+			return nil, invalid("seed", "seed must be an integer from 0 to 18446744073709551615")
+		}
 		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
 	}
 	if dec.More() {
@@ -115,7 +122,10 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if r.Timestamps && streamFormat != "sse" {
 		return nil, invalid("timestamps", "timestamps need stream_format sse")
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse", stamps: r.Timestamps}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1, Seed: randomSeed()}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse", stamps: r.Timestamps}
+	if r.Seed != nil {
+		job.req.Seed = *r.Seed
+	}
 	if r.Stream != nil && !*r.Stream {
 		if job.sse {
 			return nil, invalid("stream", `"stream": false asks for one whole file; stream_format "sse" is a stream of events`)
@@ -532,6 +542,13 @@ func synthError(err error) *apiError {
 	// An instance the pool took as ready failed (ErrNotReady here is a process that died or is
 	// going away between the pool's pick and the call: a connection refused, for one).
 	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before any audio")
+}
+
+// randomSeed is the seed of a request that names none.
+func randomSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
 }
 
 func newRequestID() string {

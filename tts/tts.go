@@ -24,7 +24,9 @@ type Request struct {
 	Text  string
 	Voice string
 	Speed float32
-	// Seed picks the flow's starting noise; equal requests with equal seeds give equal audio.
+	// Seed picks the flow's starting noise and the draws of models that sample their tokens;
+	// equal requests with equal seeds give equal audio. The router sets a random one when the
+	// client names none.
 	Seed uint64
 	// Instructions (OpenAI's: tone, accent, pace) reach only models whose Description says
 	// they take them.

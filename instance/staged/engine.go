@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -105,51 +106,116 @@ func (e *Engine) Close() error {
 }
 
 // Synthesize runs req and calls emit with each audio chunk in order. It returns when the audio is
-// complete, emit fails, or ctx ends.
+// complete, emit fails, or ctx ends. Long text is spoken as segments (the manifest's text:), in
+// order, as one stream of chunks: each segment's LM starts once the one before it has left the
+// LM, so its audio is ready when the previous segment's ends.
 func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	if req.Text == "" {
 		return tts.ErrEmptyText
 	}
 	if !utf8.ValidString(req.Text) {
-		return errors.New("text is not valid UTF-8")
+		return tts.Invalid("text is not valid UTF-8")
 	}
-	s := e.newStream(ctx, req)
-	defer s.cancel()
-	defer e.watchCancel(s)()
-	if lim := e.p.lm.limit(); lim > 0 {
-		// The LM's cache holds the prompt and every speech token but the last.
-		if len(s.prompt)+s.minTok > lim {
-			return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("text is too long for model %s: its %d prompt tokens and at least %d speech tokens need more than the LM's %d positions (lm.max_positions)", e.p.m.Name, len(s.prompt), s.minTok, lim)}
+	segs := e.p.m.Segments(req.Text)
+	prompts := make([][]int64, len(segs))
+	// Every segment is checked before any work starts.
+	for i, seg := range segs {
+		prompts[i] = e.p.m.Tokenize(seg)
+		if err := e.checkPrompt(prompts[i], seg, i, len(segs)); err != nil {
+			return err
 		}
-		s.maxTok = min(s.maxTok, lim-len(s.prompt))
 	}
-	s.marks[markArrived] = time.Now()
-	select {
-	case e.arrivals <- s:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-e.done:
-		return errors.New("engine is shut down")
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the segments started and not yet spoken end with the request
+	spans := segmentSpans(req.Text, segs)
+	var started []*stream
+	defer func() {
+		for _, s := range started {
+			s.stopWatch()
+		}
+	}()
+	start := func() error {
+		i := len(started)
+		s := e.newStream(ctx, req, segs[i], prompts[i], i)
+		s.textFrom, s.textEnd, s.textTo = spans[i][0], spans[i][0], spans[i][1]
+		s.stopWatch = e.watchCancel(s)
+		started = append(started, s)
+		s.marks[markArrived] = time.Now()
+		select {
+		case e.arrivals <- s:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.done:
+			return errors.New("engine is shut down")
+		}
 	}
-	for {
-		chunks, closed, err := s.take()
-		for _, c := range chunks {
-			if err := s.ctx.Err(); err != nil {
-				return err // cancelled while several chunks were waiting: emit no more
+	if err := start(); err != nil {
+		return err
+	}
+	index := 0
+	for cur := 0; cur < len(segs); cur++ {
+		s := started[cur]
+		for {
+			chunks, closed, err := s.take()
+			for _, c := range chunks {
+				if err := s.ctx.Err(); err != nil {
+					return err // cancelled while several chunks were waiting: emit no more
+				}
+				c.Index = index
+				index++
+				if err := emit(c); err != nil {
+					return err
+				}
 			}
-			if err := emit(c); err != nil {
+			if closed && err != nil {
+				return err
+			}
+			if closed {
+				break
+			}
+			// The next segment starts once this one has left the LM, at most one ahead.
+			var lmDone chan struct{}
+			if len(started) == cur+1 && len(started) < len(segs) {
+				lmDone = s.lmDone
+			}
+			select {
+			case <-s.notify:
+			case <-lmDone:
+				if err := start(); err != nil {
+					return err
+				}
+			case <-s.ctx.Done():
+				return s.ctx.Err()
+			}
+		}
+		if len(started) == cur+1 && len(started) < len(segs) {
+			if err := start(); err != nil {
 				return err
 			}
 		}
-		if closed {
-			return err
-		}
-		select {
-		case <-s.notify:
-		case <-s.ctx.Done():
-			return s.ctx.Err()
+	}
+	return nil
+}
+
+// checkPrompt refuses a segment's prompt that passes the model's limits, in tokens.
+func (e *Engine) checkPrompt(prompt []int64, seg string, i, n int) error {
+	m := e.p.m
+	what := "the text"
+	if n > 1 {
+		what = fmt.Sprintf("segment %d of %d", i+1, n)
+	}
+	if lim := m.LM.MaxPromptTokens; len(prompt) > lim {
+		return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens; the limit is %d tokens (lm.max_prompt_tokens)", m.Name, what, len(prompt), lim))
+	}
+	if lim := e.p.lm.limit(); lim > 0 {
+		// The LM's cache holds the prompt and every speech token but the last.
+		minTok, _ := m.TokenBounds(seg, len(prompt)-2)
+		if len(prompt)+minTok > lim {
+			return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens and needs at least %d speech tokens, more than the LM's %d positions (lm.max_positions)", m.Name, what, len(prompt), minTok, lim))
 		}
 	}
+	return nil
 }
 
 // stream is one request moving through the engine.
@@ -158,6 +224,15 @@ type stream struct {
 	cancel context.CancelFunc
 	req    tts.Request
 	prompt []int64
+	// sampler draws the stream's tokens; nil: greedy (the manifest has no lm.sampling).
+	sampler *sampler
+	// lmDone is closed once the stream has left the LM (done, failed or cancelled).
+	lmDone chan struct{}
+	lmOnce sync.Once
+	// stopWatch ends watchCancel's watch of the stream.
+	stopWatch func() bool
+	// textFrom and textTo bound the part of req.Text the stream (one segment) speaks.
+	textFrom, textTo int
 
 	// Owned by the LM loop.
 	row            *lmRow
@@ -190,13 +265,22 @@ type stream struct {
 	notify chan struct{}
 }
 
-func (e *Engine) newStream(ctx context.Context, req tts.Request) *stream {
+// newStream makes the stream of segment i of req, whose text is seg and prompt prompt.
+func (e *Engine) newStream(ctx context.Context, req tts.Request, seg string, prompt []int64, i int) *stream {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &stream{ctx: ctx, cancel: cancel, req: req, notify: make(chan struct{}, 1)}
-	s.prompt = e.p.m.Tokenize(req.Text)
-	s.minTok, s.maxTok = e.p.m.TokenBounds(req.Text)
+	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, notify: make(chan struct{}, 1), lmDone: make(chan struct{})}
+	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, len(prompt)-2)
+	if lim := e.p.lm.limit(); lim > 0 {
+		s.maxTok = min(s.maxTok, lim-len(prompt))
+	}
+	if sp := e.p.m.LM.Sampling; sp != nil {
+		s.sampler = newSampler(*sp, req.Seed, i)
+	}
 	return s
 }
+
+// leftLM records that the stream needs the LM no more.
+func (s *stream) leftLM() { s.lmOnce.Do(func() { close(s.lmDone) }) }
 
 func (s *stream) push(pcm []float32, rate int, text tts.TextSpan) {
 	s.mu.Lock()
@@ -207,6 +291,7 @@ func (s *stream) push(pcm []float32, rate int, text tts.TextSpan) {
 }
 
 func (s *stream) finish(err error) {
+	s.leftLM()
 	s.mu.Lock()
 	if !s.closed {
 		s.closed, s.err = true, err
@@ -358,8 +443,9 @@ func (e *Engine) lmLoop() {
 				fail(err)
 			} else {
 				next := active[:0]
+				toks := e.pickAll(active, logits)
 				for i, s := range active {
-					if e.advance(s, logits[i]) {
+					if e.advance(s, toks[i]) {
 						next = append(next, s)
 					} else {
 						dec.leave(s.row)
@@ -380,7 +466,7 @@ func (e *Engine) lmLoop() {
 			}
 			return false
 		})
-		for _, group := range prefillGroups(fresh, dec.prefillRows()) {
+		for _, group := range prefillGroups(fresh, dec.prefillRows(), e.p.m.LM.MaxPromptTokens) {
 			prompts := make([][]int64, len(group))
 			arrived := make([]time.Time, len(group))
 			for i, s := range group {
@@ -390,13 +476,17 @@ func (e *Engine) lmLoop() {
 			e.stats.Waited(stageLMPrefill, t0, arrived...)
 			rows, logits, err := dec.join(prompts)
 			e.stats.Count(stageLMPrefill, len(prompts), t0)
+			var toks []int
+			if err == nil {
+				toks = e.pickAll(group, logits)
+			}
 			for i, s := range group {
 				s.marks[markPrefill] = time.Now()
 				switch {
 				case err != nil:
 					s.finish(err)
 					e.release(s)
-				case e.advance(s, logits[i]):
+				case e.advance(s, toks[i]):
 					s.row = rows[i]
 					active = append(active, s)
 				default:
@@ -412,11 +502,14 @@ func (e *Engine) lmLoop() {
 }
 
 // prefillGroups splits new streams into the prefills that run them: by prompt length, so a
-// prefill pads its prompts little, in groups of at most n (0: one group). A burst of arrivals
+// prefill pads its prompts little, in groups of at most n (0: any number). A burst of arrivals
 // (a level of a benchmark, clients back after a restart) then runs as prefills of shapes the
 // decoder prepared at load: on an H100 one prefill of 17.6 prompts in shapes it had not run before
-// took 150 ms on average and held every running stream meanwhile.
-func prefillGroups(fresh []*stream, n int) [][]*stream {
+// took 150 ms on average and held every running stream meanwhile. A group also costs at most what
+// one prompt of maxTokens costs (0: no bound): rows × longest² ≤ maxTokens², since a prefill's
+// attention memory grows with its rows and the square of its padded length, so concurrent long
+// prompts take no more memory than one at the limit.
+func prefillGroups(fresh []*stream, n, maxTokens int) [][]*stream {
 	if len(fresh) == 0 {
 		return nil
 	}
@@ -425,20 +518,63 @@ func prefillGroups(fresh []*stream, n int) [][]*stream {
 	if n <= 0 {
 		n = len(sorted)
 	}
+	budget := int64(maxTokens) * int64(maxTokens)
 	var out [][]*stream
 	for len(sorted) > 0 {
-		k := min(n, len(sorted))
+		k := 1
+		for k < min(n, len(sorted)) {
+			longest := int64(len(sorted[k].prompt)) // sorted: the group's longest if it takes k+1
+			if budget > 0 && int64(k+1)*longest*longest > budget {
+				break
+			}
+			k++
+		}
 		out = append(out, sorted[:k:k])
 		sorted = sorted[k:]
 	}
 	return out
 }
 
-// advance takes one token from logits, hands finished chunks to the flow, and reports whether
+// pickAll chooses each stream's next token from its logits (end of speech banned below the
+// stream's minimum). Sampling streams are picked in parallel when they are many: a pick reads the
+// whole speech vocabulary (60–140 µs for CosyVoice3's 6,562 on a shared 2-core CPU) and runs between
+// two LM steps. Each stream's pick depends on its own logits and generator alone.
+func (e *Engine) pickAll(streams []*stream, logits [][]float32) []int {
+	toks := make([]int, len(streams))
+	pick := func(i int) {
+		s := streams[i]
+		allowEnd := len(s.tokens) >= s.minTok
+		if s.sampler != nil {
+			toks[i] = s.sampler.pick(logits[i], s.tokens, allowEnd)
+		} else {
+			toks[i] = argmax(logits[i], allowEnd)
+		}
+	}
+	workers := min(runtime.GOMAXPROCS(0), len(streams)/4)
+	if workers < 2 || e.p.m.LM.Sampling == nil {
+		for i := range streams {
+			pick(i)
+		}
+		return toks
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(streams); i += workers {
+				pick(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return toks
+}
+
+// advance takes the stream's next token, hands finished chunks to the flow, and reports whether
 // the stream still needs the LM.
-func (e *Engine) advance(s *stream, logits []float32) bool {
+func (e *Engine) advance(s *stream, tok int) bool {
 	m := e.p.m
-	tok := argmax(logits, len(s.tokens) >= s.minTok)
 	done := tok == m.LM.SpeechVocab
 	if !done {
 		s.tokens = append(s.tokens, int64(tok))
@@ -453,6 +589,7 @@ func (e *Engine) advance(s *stream, logits []float32) bool {
 		pending := len(s.tokens) - s.flowed
 		size := m.ChunkSize(s.chunk)
 		if done && pending <= size {
+			s.leftLM()
 			if pending > 0 {
 				e.toFlow(s, len(s.tokens), true)
 			} else {

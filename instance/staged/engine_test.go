@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -67,7 +68,7 @@ func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 	defer e.Close()
 	text := "Hello world."
 	pcm := synth(t, e, tts.Request{Text: text})
-	minTok, maxTok := p.m.TokenBounds(text)
+	minTok, maxTok := p.m.TokenBounds(text, len(p.m.Tokenize(text))-2)
 	perTok := p.m.Flow.FramesPerToken * p.m.Vocoder.Hop
 	if len(pcm)%perTok != 0 {
 		t.Fatalf("%d samples is not a whole number of tokens (%d samples each)", len(pcm), perTok)
@@ -470,7 +471,7 @@ func TestPrefillGroups(t *testing.T) {
 	for _, n := range lens {
 		fresh = append(fresh, &stream{prompt: make([]int64, n)})
 	}
-	groups := prefillGroups(fresh, 4)
+	groups := prefillGroups(fresh, 4, 0)
 	if len(groups) != 3 {
 		t.Fatalf("%d groups, want 3 (11 prompts, 4 a group)", len(groups))
 	}
@@ -491,7 +492,7 @@ func TestPrefillGroups(t *testing.T) {
 	if len(seen) != len(fresh) {
 		t.Errorf("%d streams in the groups, want %d", len(seen), len(fresh))
 	}
-	if g := prefillGroups(fresh, 0); len(g) != 1 || len(g[0]) != len(fresh) {
+	if g := prefillGroups(fresh, 0, 0); len(g) != 1 || len(g[0]) != len(fresh) {
 		t.Errorf("n=0: %d groups, want one of every stream", len(g))
 	}
 	for i, s := range fresh {
@@ -499,8 +500,26 @@ func TestPrefillGroups(t *testing.T) {
 			t.Fatalf("prefillGroups reordered its argument")
 		}
 	}
-	if g := prefillGroups(nil, 8); g != nil {
+	if g := prefillGroups(nil, 8, 0); g != nil {
 		t.Errorf("no streams: %d groups", len(g))
+	}
+	// With a bound of 200 tokens a group costs at most 200² = 40000: prompts of 200 go alone,
+	// those of up to 100 four at a time, and a prompt never waits for want of company.
+	lens = []int{200, 100, 100, 100, 100, 100, 90, 10, 10, 200}
+	fresh = fresh[:0]
+	for _, n := range lens {
+		fresh = append(fresh, &stream{prompt: make([]int64, n)})
+	}
+	var sizes []int
+	for _, g := range prefillGroups(fresh, 8, 200) {
+		longest := len(g[len(g)-1].prompt)
+		if len(g) > 1 && len(g)*longest*longest > 200*200 {
+			t.Errorf("a group of %d prompts of up to %d tokens passes 200²", len(g), longest)
+		}
+		sizes = append(sizes, len(g))
+	}
+	if want := []int{4, 4, 1, 1}; !slices.Equal(sizes, want) {
+		t.Errorf("group sizes %v, want %v", sizes, want)
 	}
 }
 

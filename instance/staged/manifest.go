@@ -8,7 +8,12 @@ import (
 	"slices"
 
 	"github.com/goccy/go-yaml"
+
+	"github.com/voxmux/voxmux/instance/text"
 )
+
+// DefaultMaxPromptTokens is lm.max_prompt_tokens when a manifest gives none.
+const DefaultMaxPromptTokens = 1024
 
 // Manifest describes a staged (LM → flow → vocoder) pipeline; docs/pipeline.md is its contract.
 type Manifest struct {
@@ -18,6 +23,7 @@ type Manifest struct {
 	DType      string            `yaml:"dtype"`
 	Voices     []string          `yaml:"voices"`
 	Tokenizer  TokenizerSpec     `yaml:"tokenizer"`
+	Text       TextSpec          `yaml:"text"`
 	LM         LMSpec            `yaml:"lm"`
 	Flow       FlowSpec          `yaml:"flow"`
 	Vocoder    VocoderSpec       `yaml:"vocoder"`
@@ -27,13 +33,48 @@ type Manifest struct {
 	// Dir is the manifest's folder; stage files are relative to it.
 	Dir  string `yaml:"-"`
 	File string `yaml:"-"`
+	// tok turns text into ids (tokenizer.type), loaded with the manifest.
+	tok textTokenizer
 }
 
-// TokenizerSpec declares how text becomes LM input ids.
+// TokenizerSpec declares how text becomes LM input ids: "bytes" (a token per UTF-8 byte) or
+// "qwen2" (Qwen2's byte-level BPE, from the model's own tokenizer files).
 type TokenizerSpec struct {
 	Type   string `yaml:"type"`
 	Offset int64  `yaml:"offset"`
 	BOS    int64  `yaml:"bos"`
+	// qwen2: vocab.json, merges.txt and tokenizer_config.json (its added tokens), relative to
+	// the manifest, and the name of a set of special tokens the model adds in code
+	// ("cosyvoice3"; text.SpecialTokenSets).
+	Vocab         string `yaml:"vocab"`
+	Merges        string `yaml:"merges"`
+	Config        string `yaml:"config"`
+	SpecialTokens string `yaml:"special_tokens"`
+}
+
+// TextSpec is the text frontend: what happens to a request's text before it is tokenized.
+type TextSpec struct {
+	// Normalize applies CosyVoice's rule-based normalization (text.Normalize).
+	Normalize bool `yaml:"normalize"`
+	// Split cuts long text into segments spoken one after another; absent: one segment.
+	Split *SplitSpec `yaml:"split"`
+}
+
+// SplitSpec sizes segments in prompt tokens (characters for Chinese), as text.SplitSpec.
+type SplitSpec struct {
+	MaxTokens   int `yaml:"max_tokens"`
+	MinTokens   int `yaml:"min_tokens"`
+	MergeTokens int `yaml:"merge_tokens"`
+}
+
+// SamplingSpec is repetition-aware sampling (CosyVoice's ras_sampling): nucleus sampling over
+// the TopK most likely tokens up to probability TopP; a token that already appears in the last
+// Window tokens at least Window·TauR times is drawn again from the whole distribution without it.
+type SamplingSpec struct {
+	TopP   float64 `yaml:"top_p"`
+	TopK   int     `yaml:"top_k"`
+	Window int     `yaml:"window"`
+	TauR   float64 `yaml:"tau_r"`
 }
 
 // LMSpec describes the autoregressive LM graph.
@@ -48,7 +89,17 @@ type LMSpec struct {
 	TokenRate         float64 `yaml:"token_rate"`
 	MinTokensPerChar  float64 `yaml:"min_tokens_per_char"`
 	MaxTokensPerChar  float64 `yaml:"max_tokens_per_char"`
-	MaxTokens         int     `yaml:"max_tokens"`
+	// Bounds on speech tokens per text token (CosyVoice: 2 and 20); when given they replace
+	// the per-character bounds.
+	MinTokensPerTextToken float64 `yaml:"min_tokens_per_text_token"`
+	MaxTokensPerTextToken float64 `yaml:"max_tokens_per_text_token"`
+	MaxTokens             int     `yaml:"max_tokens"`
+	// MaxPromptTokens bounds one prompt (one segment's), checked before any work: the LM's
+	// prefill memory grows with the square of its prompt.
+	MaxPromptTokens int `yaml:"max_prompt_tokens"`
+	// Sampling picks speech tokens by repetition-aware sampling from the request's seed;
+	// absent: the most likely token (greedy).
+	Sampling *SamplingSpec `yaml:"sampling"`
 	// Cache is the key/value cache's contract: "concat" (the graph returns past + new) or
 	// "shared" (one buffer per layer of MaxPositions positions per sequence, written in place).
 	Cache        string `yaml:"cache"`
@@ -102,6 +153,9 @@ func LoadManifest(path string) (*Manifest, error) {
 	if err := m.validate(); err != nil {
 		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
 	}
+	if err := m.loadTokenizer(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
 	return &m, nil
 }
 
@@ -120,6 +174,9 @@ func (m *Manifest) defaults() {
 	}
 	if m.LM.MaxTokens == 0 {
 		m.LM.MaxTokens = 4000
+	}
+	if m.LM.MaxPromptTokens == 0 {
+		m.LM.MaxPromptTokens = DefaultMaxPromptTokens
 	}
 	if m.LM.Cache == "" {
 		m.LM.Cache = "concat"
@@ -143,13 +200,41 @@ func (m *Manifest) validate() error {
 	need(m.Name != "", "name", "is required")
 	need(m.SampleRate > 0, "sample_rate", "must be positive")
 	need(m.DType == "float32" || m.DType == "float16", "dtype", fmt.Sprintf("%q is not float32 or float16", m.DType))
-	need(m.Tokenizer.Type == "bytes", "tokenizer.type", fmt.Sprintf("%q is not supported (want bytes)", m.Tokenizer.Type))
+	need(m.Tokenizer.Type == "bytes" || m.Tokenizer.Type == "qwen2", "tokenizer.type", fmt.Sprintf("%q is not supported (want bytes or qwen2)", m.Tokenizer.Type))
+	if m.Tokenizer.Type == "qwen2" {
+		need(m.Tokenizer.Vocab != "", "tokenizer.vocab", "is required with tokenizer.type: qwen2")
+		need(m.Tokenizer.Merges != "", "tokenizer.merges", "is required with tokenizer.type: qwen2")
+	} else {
+		need(m.Tokenizer.Vocab == "" && m.Tokenizer.Merges == "" && m.Tokenizer.Config == "" && m.Tokenizer.SpecialTokens == "",
+			"tokenizer", "vocab, merges, config and special_tokens apply only to tokenizer.type: qwen2")
+	}
+	if st := m.Tokenizer.SpecialTokens; st != "" {
+		_, ok := text.SpecialTokenSets[st]
+		need(ok, "tokenizer.special_tokens", fmt.Sprintf("%q is not a known set (cosyvoice3)", st))
+	}
+	if sp := m.Text.Split; sp != nil {
+		need(sp.MaxTokens > 0 && sp.MinTokens >= 0 && sp.MinTokens <= sp.MaxTokens && sp.MergeTokens >= 0,
+			"text.split", "needs max_tokens > 0 and 0 <= min_tokens <= max_tokens, merge_tokens >= 0")
+	}
+	need(m.LM.MaxPromptTokens > 2, "lm.max_prompt_tokens", "must be more than 2")
+	if s := m.LM.Sampling; s != nil {
+		need(s.TopP > 0 && s.TopP <= 1, "lm.sampling.top_p", "must be in (0, 1]")
+		need(s.TopK > 0, "lm.sampling.top_k", "must be positive")
+		need(s.Window >= 0, "lm.sampling.window", "must not be negative")
+		need(s.TauR >= 0, "lm.sampling.tau_r", "must not be negative")
+	}
+	perText := m.LM.MaxTokensPerTextToken > 0 || m.LM.MinTokensPerTextToken > 0
 	need(m.LM.Layers > 0, "lm.layers", "must be positive")
 	need(m.LM.KVHeads > 0, "lm.kv_heads", "must be positive")
 	need(m.LM.HeadDim > 0, "lm.head_dim", "must be positive")
 	need(m.LM.SpeechVocab > 0, "lm.speech_vocab", "must be positive")
-	need(m.LM.MaxTokensPerChar > 0, "lm.max_tokens_per_char", "must be positive")
-	need(m.LM.MinTokensPerChar >= 0 && m.LM.MinTokensPerChar <= m.LM.MaxTokensPerChar, "lm.min_tokens_per_char", "must be between 0 and lm.max_tokens_per_char")
+	if perText {
+		need(m.LM.MaxTokensPerTextToken > 0, "lm.max_tokens_per_text_token", "must be positive")
+		need(m.LM.MinTokensPerTextToken >= 0 && m.LM.MinTokensPerTextToken <= m.LM.MaxTokensPerTextToken, "lm.min_tokens_per_text_token", "must be between 0 and lm.max_tokens_per_text_token")
+	} else {
+		need(m.LM.MaxTokensPerChar > 0, "lm.max_tokens_per_char", "must be positive")
+		need(m.LM.MinTokensPerChar >= 0 && m.LM.MinTokensPerChar <= m.LM.MaxTokensPerChar, "lm.min_tokens_per_char", "must be between 0 and lm.max_tokens_per_char")
+	}
 	need(m.LM.MaxTokens > 0, "lm.max_tokens", "must be positive")
 	need(m.LM.Cache == "concat" || m.LM.Cache == "shared", "lm.cache", fmt.Sprintf("%q is not concat or shared", m.LM.Cache))
 	need(m.LM.Cache != "shared" || m.LM.MaxPositions > 1, "lm.max_positions", "must be more than 1 with lm.cache: shared")

@@ -1,22 +1,88 @@
 package staged
 
-import "unicode/utf8"
+import (
+	"fmt"
+	"unicode/utf8"
 
-// Tokenize builds the LM prompt for text: [bos, bytes+offset..., sos] (the "bytes" tokenizer).
-func (m *Manifest) Tokenize(text string) []int64 {
-	ids := make([]int64, 0, len(text)+2)
-	ids = append(ids, m.Tokenizer.BOS)
-	for i := 0; i < len(text); i++ {
-		ids = append(ids, int64(text[i])+m.Tokenizer.Offset)
-	}
-	return append(ids, m.LM.SOS)
+	"github.com/voxmux/voxmux/instance/text"
+)
+
+// textTokenizer turns text into the tokenizer's own ids (before tokenizer.offset).
+type textTokenizer interface {
+	Encode(string) []int64
 }
 
-// TokenBounds returns the minimum and maximum number of speech tokens for text.
-func (m *Manifest) TokenBounds(text string) (minTok, maxTok int) {
-	chars := float64(utf8.RuneCountInString(text))
-	minTok = int(chars * m.LM.MinTokensPerChar)
-	maxTok = int(chars*m.LM.MaxTokensPerChar + 0.5)
+// byteTokenizer makes a token per UTF-8 byte (tokenizer.type: bytes).
+type byteTokenizer struct{}
+
+func (byteTokenizer) Encode(s string) []int64 {
+	ids := make([]int64, len(s))
+	for i := 0; i < len(s); i++ {
+		ids[i] = int64(s[i])
+	}
+	return ids
+}
+
+// loadTokenizer loads what tokenizer.type names.
+func (m *Manifest) loadTokenizer() error {
+	if m.Tokenizer.Type != "qwen2" {
+		m.tok = byteTokenizer{}
+		return nil
+	}
+	var added []text.AddedToken
+	if m.Tokenizer.Config != "" {
+		var err error
+		if added, err = text.LoadAddedTokens(m.Path(m.Tokenizer.Config)); err != nil {
+			return fmt.Errorf("tokenizer.config: %w", err)
+		}
+	}
+	tok, err := text.LoadBPE(m.Path(m.Tokenizer.Vocab), m.Path(m.Tokenizer.Merges), added, text.SpecialTokenSets[m.Tokenizer.SpecialTokens])
+	if err != nil {
+		return fmt.Errorf("tokenizer: %w", err)
+	}
+	m.tok = tok
+	return nil
+}
+
+// Tokenize builds the LM prompt for text: [bos, ids+offset..., sos].
+func (m *Manifest) Tokenize(s string) []int64 {
+	ids := m.tok.Encode(s)
+	out := make([]int64, 0, len(ids)+2)
+	out = append(out, m.Tokenizer.BOS)
+	for _, id := range ids {
+		out = append(out, id+m.Tokenizer.Offset)
+	}
+	return append(out, m.LM.SOS)
+}
+
+// Segments is the text frontend (text:): text normalized and cut into the segments that are
+// spoken one after another, in order.
+func (m *Manifest) Segments(s string) []string {
+	lang := text.DetectLang(s)
+	if m.Text.Normalize {
+		s, lang = text.Normalize(s)
+	}
+	sp := m.Text.Split
+	if sp == nil || text.HasMarkup(s) {
+		return []string{s}
+	}
+	count := func(s string) int { return len(m.tok.Encode(s)) }
+	segs := text.Split(s, lang, count, text.SplitSpec{MaxN: sp.MaxTokens, MinN: sp.MinTokens, MergeLen: sp.MergeTokens})
+	if len(segs) == 0 {
+		return []string{s}
+	}
+	return segs
+}
+
+// TokenBounds returns the minimum and maximum number of speech tokens for text whose prompt
+// holds textTokens tokens of text (bos and sos not counted).
+func (m *Manifest) TokenBounds(s string, textTokens int) (minTok, maxTok int) {
+	n, lo, hi := float64(utf8.RuneCountInString(s)), m.LM.MinTokensPerChar, m.LM.MaxTokensPerChar
+	if m.LM.MaxTokensPerTextToken > 0 {
+		n, lo, hi = float64(textTokens), m.LM.MinTokensPerTextToken, m.LM.MaxTokensPerTextToken
+	}
+	minTok = int(n * lo)
+	maxTok = int(n*hi + 0.5)
 	maxTok = max(maxTok, 1)
 	maxTok = min(maxTok, m.LM.MaxTokens)
 	minTok = min(minTok, maxTok)
