@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|compare|twogroups ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -195,6 +195,46 @@ PY
 twogroups() {
   serve_bench two 8090 "  - {name: gpu0, gpus: [0], max_inflight: 256}
   - {name: gpu1, gpus: [1], max_inflight: 256}" "${LEVELS2:-256,512}" "two groups of one GPU" "${BENCH_OUT2:-$logs/bench-two}"
+}
+
+# Voice agents on $BIG over the WebSocket text-in API: voxmux bench --ws at LEVELS sessions, replies
+# streamed as LLM tokens at 25 a second, the user barging in on 30% of the turns.
+ws() {
+  bigcfg ws 127.0.0.1:8075 "  - {name: gpu0, gpus: [0], max_inflight: 256}"
+  "$bin" serve --config "$logs/ws.yaml" > "$logs/ws.log" 2>&1 &
+  local pid=$!
+  wait_ready http://127.0.0.1:8075 300 $pid || { echo "not ready"; tail -20 "$logs/ws.log"; kill $pid; return 1; }
+  "$bin" bench --ws --url http://127.0.0.1:8075 --concurrency "${LEVELS:-1,16,64,256}" --duration-per-level "${DUR:-15s}" \
+    --token-rate 25 --barge-in 0.3 --quiet --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
+    --out "${BENCH_OUT:-$logs/ws-bench}"
+  kill -TERM $pid; wait $pid
+}
+
+# Seeds on the GPU (models/tiny/sampling.yaml: sampled speech tokens): the same request and seed
+# twice on an idle server, then N requests each alone and all N at once, compared byte for byte
+# (equal audio means equal speech tokens; unequal audio may still hold equal tokens).
+seed() {
+  cat > "$logs/seed.yaml" <<YAML
+listen: 127.0.0.1:18082
+model: $repo/models/tiny/sampling.yaml
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+groups:
+  - {name: g0, gpus: [0], max_inflight: 64}
+YAML
+  "$bin" serve --config "$logs/seed.yaml" > "$logs/seed.log" 2>&1 &
+  local pid=$! n=${N:-32} i same=0
+  wait_ready http://127.0.0.1:18082 120 $pid || { echo "not ready"; tail -20 "$logs/seed.log"; kill $pid; return 1; }
+  say() { curl -s 127.0.0.1:18082/v1/audio/speech -d "{\"input\":\"Request number $1 says a few words of its own.\",\"response_format\":\"pcm\",\"seed\":$((1000 + $1))}" -o "$2"; }
+  say 0 "$logs/seed-a.pcm"; say 0 "$logs/seed-b.pcm"
+  cmp -s "$logs/seed-a.pcm" "$logs/seed-b.pcm" && echo "same request and seed twice, idle: byte-identical ($(wc -c < "$logs/seed-a.pcm") bytes)" || echo "same request and seed twice, idle: DIFFERENT"
+  for i in $(seq 1 "$n"); do say "$i" "$logs/alone-$i.pcm"; done
+  local pids=()
+  for i in $(seq 1 "$n"); do say "$i" "$logs/together-$i.pcm" & pids+=($!); done
+  wait "${pids[@]}"
+  for i in $(seq 1 "$n"); do cmp -s "$logs/alone-$i.pcm" "$logs/together-$i.pcm" && same=$((same + 1)); done
+  echo "$n requests alone and all at once: $same of $n byte-identical"
+  kill -TERM $pid; wait $pid
 }
 
 for step in "$@"; do "$step"; done
