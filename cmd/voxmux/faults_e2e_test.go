@@ -91,7 +91,9 @@ func TestGhostClientsLeaveTheQueue(t *testing.T) {
 	addr := strings.TrimPrefix(s.url, "http://")
 	busy := make(chan outcome, 1)
 	// 918 characters: within the tiny model's 1024 prompt tokens, and long enough to hold the slot.
-	go func() { busy <- speak(s.url, strings.Repeat("This request keeps the only slot busy for a while. ", 18)) }()
+	go func() {
+		busy <- speak(s.url, strings.Repeat("This request keeps the only slot busy for a while. ", 18))
+	}()
 	time.Sleep(300 * time.Millisecond)
 	for i := 0; i < 2; i++ {
 		c, err := net.Dial("tcp", addr)
