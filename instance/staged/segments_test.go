@@ -3,6 +3,8 @@ package staged
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"runtime"
 	"slices"
 	"strconv"
@@ -37,8 +39,11 @@ var seededRequests = []tts.Request{
 	{Text: "Hello world.", Seed: 5},
 }
 
-// The same request and seed give the same audio to the byte, alone and beside other requests.
-func TestSamplingBatchedEqualsAloneExactly(t *testing.T) {
+// The same request and seed give the same audio to the byte alone, and the same speech beside
+// other requests: the same speech tokens (so the same length) and samples within float rounding.
+// Beside others a chunk may run padded to a longer batch item, and ONNX Runtime's sums over the
+// padded length then round differently (up to about 5e-7 measured on models/tiny).
+func TestSamplingBatchedEqualsAlone(t *testing.T) {
 	e := samplingEngine(t)
 	alone := make([][]float32, len(seededRequests))
 	for i, r := range seededRequests {
@@ -70,9 +75,7 @@ func TestSamplingBatchedEqualsAloneExactly(t *testing.T) {
 		}
 		wg.Wait()
 		for i, r := range seededRequests {
-			if !slices.Equal(alone[i], batched[i]) {
-				t.Errorf("round %d, %q seed %d: %d samples batched, %d alone, not equal", round, r.Text, r.Seed, len(batched[i]), len(alone[i]))
-			}
+			sameSpeech(t, fmt.Sprintf("round %d, %q seed %d", round, r.Text, r.Seed), alone[i], batched[i])
 		}
 	}
 }
@@ -135,8 +138,8 @@ func TestPromptTokenLimit(t *testing.T) {
 	}
 }
 
-// Enough streams at once that their tokens are picked in parallel (pickAll): still the same audio
-// to the byte as each request alone.
+// Enough streams at once that their tokens are picked in parallel (pickAll): still the same speech
+// as each request alone.
 func TestSamplingManyStreamsEqualAlone(t *testing.T) {
 	e := samplingEngine(t)
 	reqs := make([]tts.Request, 24)
@@ -167,10 +170,25 @@ func TestSamplingManyStreamsEqualAlone(t *testing.T) {
 	}
 	wg.Wait()
 	for i, r := range reqs {
-		if !slices.Equal(alone[i], batched[i]) {
-			t.Errorf("%q seed %d: %d samples batched, %d alone, not equal", r.Text, r.Seed, len(batched[i]), len(alone[i]))
-		}
+		sameSpeech(t, fmt.Sprintf("%q seed %d", r.Text, r.Seed), alone[i], batched[i])
 	}
 	b1, i1 := decode()
 	t.Logf("%.1f streams per decode step batched, GOMAXPROCS %d", float64(i1-i0)/float64(b1-b0), runtime.GOMAXPROCS(0))
+}
+
+// sameSpeech checks that batched is alone's speech: the same length (the same speech tokens: a
+// different token changes the chunking and the length) and every sample within float rounding.
+func sameSpeech(t *testing.T, what string, alone, batched []float32) {
+	t.Helper()
+	if len(alone) != len(batched) {
+		t.Errorf("%s: %d samples batched, %d alone", what, len(batched), len(alone))
+		return
+	}
+	var worst float64
+	for i := range alone {
+		worst = max(worst, math.Abs(float64(alone[i]-batched[i])))
+	}
+	if worst > 2e-6 {
+		t.Errorf("%s: batched differs from alone by %g", what, worst)
+	}
 }
