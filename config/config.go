@@ -91,7 +91,7 @@ type Group struct {
 var engineOptionKeys = map[string]bool{"vocoder_batches": true, "vocoder_window": true, "profile": true,
 	"lm_stream_priority": true, "lm_cuda_graph": true, "flow_cuda_graph": true, "flow_workers": true,
 	"flow_first_worker": true, "intra_op_num_threads": true, "piper_batch": true, "piper_workers": true,
-	"piper_queue": true}
+	"piper_queue": true, "exact_batches": true}
 
 // Placements of the stages inside a group.
 const (

@@ -21,6 +21,7 @@ func engineToProto(o tts.EngineOptions) *proto.EngineOptions {
 		PiperBatch:        int32(o.PiperBatch),
 		PiperWorkers:      int32(o.PiperWorkers),
 		PiperQueue:        int32(o.PiperQueue),
+		ExactBatches:      o.ExactBatches,
 	}
 	for _, b := range o.VocoderBatches {
 		p.VocoderBatches = append(p.VocoderBatches, int32(b))
@@ -45,6 +46,7 @@ func engineFromProto(p *proto.EngineOptions) tts.EngineOptions {
 		PiperBatch:        int(p.PiperBatch),
 		PiperWorkers:      int(p.PiperWorkers),
 		PiperQueue:        int(p.PiperQueue),
+		ExactBatches:      p.ExactBatches,
 	}
 	for _, b := range p.VocoderBatches {
 		o.VocoderBatches = append(o.VocoderBatches, int(b))

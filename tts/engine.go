@@ -39,6 +39,12 @@ type EngineOptions struct {
 	FlowFirstWorker string `yaml:"flow_first_worker"`
 	// IntraOpThreads is ONNX Runtime's intra_op_num_threads; 0: ONNX Runtime's default.
 	IntraOpThreads int `yaml:"intra_op_num_threads"`
+	// ExactBatches lets a flow or vocoder batch take only items of one length, so no item runs
+	// padded and a request's audio does not depend on what runs beside it: on the CPU with
+	// intra_op_num_threads 1, a seeded request beside others is byte-identical to it alone.
+	// Off (the default), items within a third of each other's length share a batch: a chunk padded
+	// to a longer one rounds ONNX Runtime's sums differently (about 5e-7 on models/tiny).
+	ExactBatches bool `yaml:"exact_batches"`
 
 	// PiperBatch is the most sentences of one Piper voice run as one graph run, 1 to 1024 (1: no
 	// batching). 0: 64 on CUDA, 1 on the CPU (docs/piper.md, "Batching").

@@ -9,6 +9,8 @@ import "math"
 // first audio is what its client waits for), up to a budget of frames so one batch does not hold
 // everyone else back for long; at least one item. With spread > 1, only items whose length falls
 // in the leading item's band [spread^k, spread^(k+1)) join it; the others wait for a later batch.
+// With spread 1 only items of the leading item's very length join it (no padding at all); with
+// spread 0 any lengths mix.
 // A stream's chunks stay in order: once one of its items waits, its later items wait too.
 // info gives an item's length in frames, whether it is its stream's first, and its stream.
 func TakeBatch[T any, K comparable](items []T, budget int, spread float64, busy map[K]bool, info func(T) (frames int, first bool, stream K)) (take, rest []T) {
@@ -24,7 +26,10 @@ func TakeBatch[T any, K comparable](items []T, budget int, spread float64, busy 
 		}
 	}
 	band := func(frames int) int {
-		if spread <= 1 {
+		switch {
+		case spread == 1:
+			return frames
+		case spread < 1:
 			return 0
 		}
 		return int(math.Floor(math.Log(float64(max(frames, 1))) / math.Log(spread)))

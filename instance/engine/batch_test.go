@@ -39,6 +39,10 @@ func TestTakeBatch(t *testing.T) {
 		t.Fatalf("by length: take %v", got)
 	}
 	take, rest = TakeBatch(rest, 1000, spread, nil, info)
+	exact, _ := TakeBatch([]it{{a, 30, false, "a1"}, {b, 31, false, "b1"}, {c, 30, false, "c1"}}, 1000, 1, map[string]bool(nil), info)
+	if got := names(exact); len(got) != 2 || got[0] != "a1" || got[1] != "c1" {
+		t.Fatalf("spread 1, equal lengths only: take %v", got)
+	}
 	if got := names(take); len(got) != 2 || got[0] != "a1" || got[1] != "a2" {
 		t.Fatalf("by length, second batch: take %v", got)
 	}

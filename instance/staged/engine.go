@@ -26,10 +26,10 @@ type Engine struct {
 	arrivals chan *stream
 	// Frame budgets of one flow and one vocoder batch.
 	flowFrames, vocFrames int
-	// Largest ratio of item lengths within one flow or vocoder batch (0: any mix). Items are
-	// padded to the longest, so a first chunk of 30 frames batched with chunks of 230 would cost
-	// 230; grouping by length keeps the padding below a third and lets short first chunks run
-	// in small, fast batches of their own.
+	// Largest ratio of item lengths within one flow or vocoder batch (0: any mix; 1: one length,
+	// engine option exact_batches). Items are padded to the longest, so a first chunk of 30 frames
+	// batched with chunks of 230 would cost 230; grouping by length keeps the padding below a
+	// third and lets short first chunks run in small, fast batches of their own.
 	spread float64
 	flowQ  *engine.Queue[*flowItem]
 	vocQ   *engine.Queue[*vocItem]
@@ -84,6 +84,9 @@ func newEngine(p *Pipeline, flowFrames, vocFrames int) *Engine {
 		wakeFlow:   make(chan struct{}, 1),
 		// The middle of the manifest's bounds until streams have finished.
 		tokensPerRune: (p.m.LM.MinTokensPerChar + p.m.LM.MaxTokensPerChar) / 2,
+	}
+	if p.opt.exactBatches {
+		e.spread = 1
 	}
 	e.wg.Add(3)
 	go e.lmLoop()

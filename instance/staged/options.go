@@ -14,6 +14,7 @@ type options struct {
 	// vocoderWindow is the most mel frames the vocoder runs in one item; 0: never split; -1:
 	// defaultVocoderWindow.
 	vocoderWindow int
+	exactBatches  bool // flow and vocoder batches of one item length (tts.EngineOptions.ExactBatches)
 }
 
 func resolveOptions(o tts.EngineOptions, cuda bool, m *Manifest) options {
@@ -24,6 +25,7 @@ func resolveOptions(o tts.EngineOptions, cuda bool, m *Manifest) options {
 		flowWorkers:    o.FlowWorkers,
 		flowShare:      o.FlowFirstWorker == "share",
 		vocoderBatches: o.VocoderBatches,
+		exactBatches:   o.ExactBatches,
 	}
 	if r.lmGraph == "" {
 		// The LM's graphs made a decode step 2-3× faster and a prefill of one prompt 3× faster

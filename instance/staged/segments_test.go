@@ -19,10 +19,10 @@ import (
 // samplingEngine serves models/tiny/sampling.yaml (sampling, normalization, segments) on the
 // CPU with one thread per kernel: ONNX Runtime then sums in the same order at every batch
 // shape, so batching cannot change a sample.
-func samplingEngine(t *testing.T) *Engine {
+func samplingEngine(t *testing.T, exact bool) *Engine {
 	t.Helper()
 	p, err := LoadPipeline(tts.LoadConfig{Manifest: "../../models/tiny/sampling.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		Engine: tts.EngineOptions{IntraOpThreads: 1}})
+		Engine: tts.EngineOptions{IntraOpThreads: 1, ExactBatches: exact}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ var seededRequests = []tts.Request{
 // Beside others a chunk may run padded to a longer batch item, and ONNX Runtime's sums over the
 // padded length then round differently (up to about 5e-7 measured on models/tiny).
 func TestSamplingBatchedEqualsAlone(t *testing.T) {
-	e := samplingEngine(t)
+	e := samplingEngine(t, false)
 	alone := make([][]float32, len(seededRequests))
 	for i, r := range seededRequests {
 		alone[i] = synth(t, e, r)
@@ -83,7 +83,7 @@ func TestSamplingBatchedEqualsAlone(t *testing.T) {
 // Long text is spoken as segments in order, as one stream: its audio begins with its first
 // segment's, and is the same every time.
 func TestLongTextSegments(t *testing.T) {
-	e := samplingEngine(t)
+	e := samplingEngine(t, false)
 	text := "The first sentence is here, and it runs on for a while. The second one follows it closely. " +
 		"A third sentence comes next, longer than the others were. Then 4 more words!"
 	segs := e.p.m.Segments(text)
@@ -141,7 +141,7 @@ func TestPromptTokenLimit(t *testing.T) {
 // Enough streams at once that their tokens are picked in parallel (pickAll): still the same speech
 // as each request alone.
 func TestSamplingManyStreamsEqualAlone(t *testing.T) {
-	e := samplingEngine(t)
+	e := samplingEngine(t, false)
 	reqs := make([]tts.Request, 24)
 	for i := range reqs {
 		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
@@ -190,5 +190,36 @@ func sameSpeech(t *testing.T, what string, alone, batched []float32) {
 	}
 	if worst > 2e-6 {
 		t.Errorf("%s: batched differs from alone by %g", what, worst)
+	}
+}
+
+// With exact_batches, flow and vocoder batches hold items of one length, so nothing runs padded:
+// a seeded request beside 24 others is its audio alone to the byte.
+func TestExactBatchesEqualAloneToTheByte(t *testing.T) {
+	e := samplingEngine(t, true)
+	reqs := make([]tts.Request, 24)
+	for i := range reqs {
+		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
+	}
+	alone := make([][]float32, len(reqs))
+	for i, r := range reqs {
+		alone[i] = synth(t, e, r)
+	}
+	for round := range 2 {
+		batched := make([][]float32, len(reqs))
+		var wg sync.WaitGroup
+		for i, r := range reqs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				batched[i] = synth(t, e, r)
+			}()
+		}
+		wg.Wait()
+		for i, r := range reqs {
+			if !slices.Equal(alone[i], batched[i]) {
+				t.Errorf("round %d, %q seed %d: batched differs from alone", round, r.Text, r.Seed)
+			}
+		}
 	}
 }
