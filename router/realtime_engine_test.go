@@ -122,18 +122,25 @@ func TestHTTPClientGoneFreesEngine(t *testing.T) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Shutdown(context.Background()) })
 
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The tiny model on the CPU can finish a whole request before the router notices its client
+	// left, and then there is nothing to cancel: abandon requests until one is cancelled mid-way.
 	body := `{"input":"` + strings.Repeat("A long answer nobody waits for. ", 20) + `","response_format":"pcm"}`
-	fmt.Fprintf(conn, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	buf := make([]byte, 4096)
-	if _, err := conn.Read(buf); err != nil { // the headers and the first audio
-		t.Fatal(err)
+	for try := 0; e.CancelStats().Count == 0 && try < 10; try++ {
+		conn, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		buf := make([]byte, 4096)
+		if _, err := conn.Read(buf); err != nil { // the headers and the first audio
+			t.Fatal(err)
+		}
+		conn.Close()
+		waitFor(t, func() bool { return e.Active() == 0 }, "the engine to let go of the abandoned request")
 	}
-	conn.Close()
-	waitFor(t, func() bool { return e.CancelStats().Count == 1 && e.Active() == 0 }, "the engine to drop the abandoned request")
+	if st := e.CancelStats(); st.Count != 1 {
+		t.Fatalf("%d cancels counted, want 1", st.Count)
+	}
 	if n := e.CancelSteps(); n > 1 {
 		t.Errorf("the abandoned request stayed in the LM's batch for %d decode steps", n)
 	}
