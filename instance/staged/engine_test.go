@@ -62,6 +62,30 @@ func synth(t *testing.T, e *Engine, req tts.Request) []float32 {
 	return pcm
 }
 
+// synthEach synthesizes each request alone, one after the other.
+func synthEach(t *testing.T, e *Engine, reqs []tts.Request) [][]float32 {
+	out := make([][]float32, len(reqs))
+	for i, r := range reqs {
+		out[i] = synth(t, e, r)
+	}
+	return out
+}
+
+// synthTogether synthesizes every request at once, so the engine batches them.
+func synthTogether(t *testing.T, e *Engine, reqs []tts.Request) [][]float32 {
+	out := make([][]float32, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = synth(t, e, r)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
 func TestEngineLengthFollowsTokenBounds(t *testing.T) {
 	p := tinyPipeline(t)
 	e := NewEngine(p)
@@ -245,20 +269,8 @@ func testBatchedEqualsAlone(t *testing.T, p *Pipeline, budget int) [][]float32 {
 	}
 	defer e.Close()
 	reqs := batchRequests
-	alone := make([][]float32, len(reqs))
-	for i, r := range reqs {
-		alone[i] = synth(t, e, r)
-	}
-	batched := make([][]float32, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			batched[i] = synth(t, e, r)
-		}()
-	}
-	wg.Wait()
+	alone := synthEach(t, e, reqs)
+	batched := synthTogether(t, e, reqs)
 	for i := range reqs {
 		if len(alone[i]) != len(batched[i]) {
 			t.Fatalf("%q: %d samples alone, %d batched", reqs[i].Text, len(alone[i]), len(batched[i]))

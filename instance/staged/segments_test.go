@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -45,10 +44,7 @@ var seededRequests = []tts.Request{
 // padded length then round differently (up to about 5e-7 measured on models/tiny).
 func TestSamplingBatchedEqualsAlone(t *testing.T) {
 	e := samplingEngine(t, false)
-	alone := make([][]float32, len(seededRequests))
-	for i, r := range seededRequests {
-		alone[i] = synth(t, e, r)
-	}
+	alone := synthEach(t, e, seededRequests)
 	if again := synth(t, e, seededRequests[0]); !slices.Equal(again, alone[0]) {
 		t.Error("the same request and seed, twice alone, gave different audio")
 	}
@@ -64,16 +60,7 @@ func TestSamplingBatchedEqualsAlone(t *testing.T) {
 		t.Error("seeds 0 to 3 all gave speech of one length")
 	}
 	for round := range 2 {
-		batched := make([][]float32, len(seededRequests))
-		var wg sync.WaitGroup
-		for i, r := range seededRequests {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				batched[i] = synth(t, e, r)
-			}()
-		}
-		wg.Wait()
+		batched := synthTogether(t, e, seededRequests)
 		for i, r := range seededRequests {
 			sameSpeech(t, fmt.Sprintf("round %d, %q seed %d", round, r.Text, r.Seed), alone[i], batched[i])
 		}
@@ -142,14 +129,8 @@ func TestPromptTokenLimit(t *testing.T) {
 // as each request alone.
 func TestSamplingManyStreamsEqualAlone(t *testing.T) {
 	e := samplingEngine(t, false)
-	reqs := make([]tts.Request, 24)
-	for i := range reqs {
-		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
-	}
-	alone := make([][]float32, len(reqs))
-	for i, r := range reqs {
-		alone[i] = synth(t, e, r)
-	}
+	reqs := mixedSeededRequests(24)
+	alone := synthEach(t, e, reqs)
 	decode := func() (batches, items uint64) {
 		for _, s := range e.Stats() {
 			if s.Stage == "lm_decode" {
@@ -159,16 +140,7 @@ func TestSamplingManyStreamsEqualAlone(t *testing.T) {
 		return 0, 0
 	}
 	b0, i0 := decode()
-	batched := make([][]float32, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			batched[i] = synth(t, e, r)
-		}()
-	}
-	wg.Wait()
+	batched := synthTogether(t, e, reqs)
 	for i, r := range reqs {
 		sameSpeech(t, fmt.Sprintf("%q seed %d", r.Text, r.Seed), alone[i], batched[i])
 	}
@@ -197,29 +169,23 @@ func sameSpeech(t *testing.T, what string, alone, batched []float32) {
 // a seeded request beside 24 others is its audio alone to the byte.
 func TestExactBatchesEqualAloneToTheByte(t *testing.T) {
 	e := samplingEngine(t, true)
-	reqs := make([]tts.Request, 24)
-	for i := range reqs {
-		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
-	}
-	alone := make([][]float32, len(reqs))
-	for i, r := range reqs {
-		alone[i] = synth(t, e, r)
-	}
+	reqs := mixedSeededRequests(24)
+	alone := synthEach(t, e, reqs)
 	for round := range 2 {
-		batched := make([][]float32, len(reqs))
-		var wg sync.WaitGroup
-		for i, r := range reqs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				batched[i] = synth(t, e, r)
-			}()
-		}
-		wg.Wait()
+		batched := synthTogether(t, e, reqs)
 		for i, r := range reqs {
 			if !slices.Equal(alone[i], batched[i]) {
 				t.Errorf("round %d, %q seed %d: batched differs from alone", round, r.Text, r.Seed)
 			}
 		}
 	}
+}
+
+// mixedSeededRequests are n requests of three texts, each with its own seed.
+func mixedSeededRequests(n int) []tts.Request {
+	reqs := make([]tts.Request, n)
+	for i := range reqs {
+		reqs[i] = tts.Request{Text: []string{"Hi there.", "Good morning to you.", "Yes."}[i%3], Seed: uint64(100 + i)}
+	}
+	return reqs
 }
