@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -57,4 +58,75 @@ func TestServiceWithPiper(t *testing.T) {
 	if err != nil || !h.Ready {
 		t.Fatalf("health %+v, %v", h, err)
 	}
+}
+
+// blockFamily serves one fake model whose requests run until released.
+type blockFamily struct{ release chan struct{} }
+
+func (blockFamily) Claims(string) bool                       { return true }
+func (blockFamily) Describe(string) (tts.Description, error) { return tts.Description{}, nil }
+func (f blockFamily) Open(tts.LoadConfig) (instance.Runner, tts.Description, error) {
+	return blockRunner(f), tts.Description{}, nil
+}
+
+type blockRunner blockFamily
+
+func (r blockRunner) Synthesize(ctx context.Context, _ tts.Request, _ func(tts.Chunk) error) error {
+	select {
+	case <-r.release:
+	case <-ctx.Done():
+	}
+	return nil
+}
+func (blockRunner) Close() error { return nil }
+
+// A request that finds every slot taken waits a moment for one: the router frees a cancelled
+// request's slot a moment before the cancel reaches the instance. A slot that does not come back
+// within the grace is busy.
+func TestServiceWaitsBrieflyForASlot(t *testing.T) {
+	f := blockFamily{release: make(chan struct{})}
+	s := instance.NewService(instance.Families{f}, func(string) string { return "" })
+	defer s.Close()
+	if _, err := s.Load(context.Background(), tts.LoadConfig{Manifest: "fake", MaxInflight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() { first <- s.Synthesize(ctx, tts.Request{ID: "held"}, nil) }()
+	for {
+		if h, _ := s.Health(context.Background()); h.Inflight == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	// The held request is cancelled a moment after the next one arrives: that one gets its slot.
+	time.AfterFunc(50*time.Millisecond, cancel)
+	next := make(chan error, 1)
+	go func() { next <- s.Synthesize(context.Background(), tts.Request{ID: "next"}, nil) }()
+	<-first
+	close(f.release)
+	if err := <-next; err != nil {
+		t.Fatalf("the request behind a cancelled one: %v", err)
+	}
+	// A slot held past the grace: busy.
+	hold := make(chan struct{})
+	g := blockFamily{release: hold}
+	s2 := instance.NewService(instance.Families{g}, func(string) string { return "" })
+	defer s2.Close()
+	if _, err := s2.Load(context.Background(), tts.LoadConfig{Manifest: "fake", MaxInflight: 1}); err != nil {
+		t.Fatal(err)
+	}
+	go s2.Synthesize(context.Background(), tts.Request{ID: "held"}, nil)
+	for {
+		if h, _ := s2.Health(context.Background()); h.Inflight == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	err := s2.Synthesize(context.Background(), tts.Request{ID: "late"}, nil)
+	var ie *tts.Error
+	if !errors.As(err, &ie) || ie.Kind != tts.ErrBusy {
+		t.Fatalf("a slot held past the grace: %v, want busy", err)
+	}
+	close(hold)
 }

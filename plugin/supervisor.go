@@ -168,13 +168,9 @@ func (m *Member) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	defer cancel(nil)
 	stop := context.AfterFunc(life, func() { cancel(context.Cause(life)) })
 	defer stop()
+	// A slot the router has just freed for a cancelled request is waited for by the instance
+	// itself (instance.Service), not polled here.
 	err := inst.Synthesize(rctx, req, emit)
-	for waited := time.Duration(0); isBusy(err) && waited < busyWait && rctx.Err() == nil; waited += busyPoll {
-		// The router counted a free slot that the instance still holds: a cancelled request
-		// (its client left) lets go of it a moment after the router does.
-		time.Sleep(busyPoll)
-		err = inst.Synthesize(rctx, req, emit)
-	}
 	if err == nil || ctx.Err() != nil {
 		return err
 	}
@@ -196,14 +192,6 @@ func (m *Member) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 		return &DiedError{Instance: m.spec.Name, Why: why, Err: err}
 	}
 	return err
-}
-
-// busyWait bounds the wait for a slot the instance has not yet freed; busyPoll paces it.
-var busyWait, busyPoll = 2 * time.Second, 20 * time.Millisecond
-
-func isBusy(err error) bool {
-	var ie *tts.Error
-	return errors.As(err, &ie) && ie.Kind == tts.ErrBusy
 }
 
 // errStopped ends a process's life when the supervisor stops it on purpose.

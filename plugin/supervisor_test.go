@@ -239,27 +239,6 @@ func TestDeathDuringRequestIsNotRetryable(t *testing.T) {
 	}
 }
 
-// A slot the router counts as free but the instance still holds (a cancelled request winding
-// down) is waited for, briefly, instead of failing the request as busy.
-func TestBusyInstanceIsWaitedForBriefly(t *testing.T) {
-	var calls atomic.Int32
-	fl := &fakeLauncher{mk: func(int) *tts.MockInstance {
-		f := okInstance()
-		f.SynthesizeF = func(_ context.Context, req tts.Request, _ func(tts.Chunk) error) error {
-			if req.ID != "warmup" && calls.Add(1) < 3 {
-				return &tts.Error{Kind: tts.ErrBusy, Msg: "instance is at its max_inflight (1)"}
-			}
-			return nil
-		}
-		return f
-	}}
-	m, _ := runMember(t, Backoff{Initial: time.Hour, Max: time.Hour, StartTimeout: time.Second}, fl)
-	waitFor(t, "ready", 5*time.Second, func() bool { return m.Status().State == tts.StateReady })
-	if err := m.Synthesize(context.Background(), tts.Request{ID: "r"}, func(tts.Chunk) error { return nil }); err != nil || calls.Load() != 3 {
-		t.Fatalf("err %v after %d calls", err, calls.Load())
-	}
-}
-
 // The instance's environment is built whole: a socket folder or log level set in the router's
 // environment does not leak into it (Launch sets both explicitly).
 func TestInstanceEnvDropsPluginAndLogVariables(t *testing.T) {
