@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -86,12 +87,18 @@ type Group struct {
 	Engine tts.EngineOptions `yaml:"engine"`
 }
 
-// engineOptionKeys are the keys of tts.EngineOptions: a provider_options entry of that name is a
-// misplaced engine option, which ONNX Runtime would reject with a less helpful message.
-var engineOptionKeys = map[string]bool{"vocoder_batches": true, "vocoder_window": true, "profile": true,
-	"lm_stream_priority": true, "lm_cuda_graph": true, "flow_cuda_graph": true, "flow_workers": true,
-	"flow_first_worker": true, "intra_op_num_threads": true, "piper_batch": true, "piper_workers": true,
-	"piper_queue": true, "exact_batches": true}
+// isEngineOptionKey reports whether key is one of tts.EngineOptions' YAML keys: a
+// provider_options entry of that name is a misplaced engine option, which ONNX Runtime would reject
+// with a less helpful message.
+func isEngineOptionKey(key string) bool {
+	t := reflect.TypeFor[tts.EngineOptions]()
+	for i := range t.NumField() {
+		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == key && tag != "-" {
+			return true
+		}
+	}
+	return false
+}
 
 // Placements of the stages inside a group.
 const (
@@ -223,7 +230,7 @@ func (c *Config) validate() error {
 			return bad(p+".engine", k+".engine", "group %q: %v", g.Name, err)
 		}
 		for key := range g.ProviderOptions {
-			if engineOptionKeys[key] {
+			if isEngineOptionKey(key) {
 				return bad(p+".provider_options", k+".provider_options."+key, "group %q: %s is an engine option, not ONNX Runtime's: set it as %s.engine.%s", g.Name, key, k, key)
 			}
 		}
