@@ -17,24 +17,32 @@ const DefaultMaxPromptTokens = 1024
 
 // Manifest describes a staged (LM → flow → vocoder) pipeline; docs/pipeline.md is its contract.
 type Manifest struct {
-	Kind       string            `yaml:"kind"`
-	Name       string            `yaml:"name"`
-	SampleRate int               `yaml:"sample_rate"`
-	DType      string            `yaml:"dtype"`
-	Voices     []string          `yaml:"voices"`
-	Tokenizer  TokenizerSpec     `yaml:"tokenizer"`
-	Text       TextSpec          `yaml:"text"`
-	LM         LMSpec            `yaml:"lm"`
-	Flow       FlowSpec          `yaml:"flow"`
-	Vocoder    VocoderSpec       `yaml:"vocoder"`
-	Streaming  StreamingSpec     `yaml:"streaming"`
-	Names      map[string]string `yaml:"names"`
+	Kind       string   `yaml:"kind"`
+	Name       string   `yaml:"name"`
+	SampleRate int      `yaml:"sample_rate"`
+	DType      string   `yaml:"dtype"`
+	Voices     []string `yaml:"voices"`
+	// VoiceDir holds each voice's zero-shot prompt in VoiceDir/NAME/voice.yaml (voice.go); a
+	// voice without a folder there, or every voice without VoiceDir, speaks without a prompt.
+	VoiceDir  string            `yaml:"voice_dir"`
+	Tokenizer TokenizerSpec     `yaml:"tokenizer"`
+	Text      TextSpec          `yaml:"text"`
+	LM        LMSpec            `yaml:"lm"`
+	Flow      FlowSpec          `yaml:"flow"`
+	Vocoder   VocoderSpec       `yaml:"vocoder"`
+	Streaming StreamingSpec     `yaml:"streaming"`
+	Names     map[string]string `yaml:"names"`
 
 	// Dir is the manifest's folder; stage files are relative to it.
 	Dir  string `yaml:"-"`
 	File string `yaml:"-"`
 	// tok turns text into ids (tokenizer.type), loaded with the manifest.
 	tok textTokenizer
+	// voices are the voices' prompts by name (voice_dir), loaded with the manifest; a voice
+	// without a prompt is not in it.
+	voices map[string]*Voice
+	// noise is flow.noise's table, frame-major [frames][mel_bins]; nil: seeded noise.
+	noise []float32
 }
 
 // TokenizerSpec declares how text becomes LM input ids: "bytes" (a token per UTF-8 byte) or
@@ -104,6 +112,11 @@ type LMSpec struct {
 	// "shared" (one buffer per layer of MaxPositions positions per sequence, written in place).
 	Cache        string `yaml:"cache"`
 	MaxPositions int    `yaml:"max_positions"`
+	// EndOfPrompt (an LM input id; 0: none) must appear in a prompt's text: an LM trained with
+	// it (CosyVoice3) gets DefaultPromptText before the segment's text when neither the voice's
+	// text nor the segment's holds it.
+	EndOfPrompt       int64  `yaml:"endofprompt"`
+	DefaultPromptText string `yaml:"default_prompt_text"`
 }
 
 // FlowSpec describes the flow-matching encoder and estimator.
@@ -123,12 +136,33 @@ type FlowSpec struct {
 	// values is an illegal memory access that kills the process. The engine's batches stay
 	// under it; a larger run is refused with an error.
 	MaxBatchFrames int `yaml:"max_batch_frames"`
+	// EmbeddingDim > 0: the step graph also reads the voice's prompt mel (cond) and speaker
+	// embedding (embedding); flow.step is then required.
+	EmbeddingDim int `yaml:"embedding_dim"`
+	// LookaheadTokens are the tokens after a non-last chunk that the encoder reads; their frames
+	// are masked off and dropped.
+	LookaheadTokens int `yaml:"lookahead_tokens"`
+	// Schedule is the Euler steps' times: linear (t_k = k/steps) or cosine (t_k = 1 − cos(k/steps·π/2)).
+	Schedule string `yaml:"schedule"`
+	// Noise is a fixed table of starting samples, float32 [frames][mel_bins] (flowNoise); empty:
+	// seeded noise.
+	Noise string `yaml:"noise"`
 }
 
 // VocoderSpec describes the mel → audio graph.
 type VocoderSpec struct {
 	File string `yaml:"file"`
 	Hop  int    `yaml:"hop"`
+	// ContextFrames is each window's left context in frames; 0: streaming.context_tokens' frames.
+	ContextFrames int `yaml:"context_frames"`
+	// LookaheadFrames are a non-last window's last frames, whose audio is held back and made by
+	// the next window instead (vocwindow.go).
+	LookaheadFrames int `yaml:"lookahead_frames"`
+	// SourcePhase > 0: the graph carries the phase of this many source harmonics from window to
+	// window (inputs phase, phase_at, sample_offset; output phase_out), given at window frame
+	// PhaseFrames.
+	SourcePhase int `yaml:"source_phase"`
+	PhaseFrames int `yaml:"phase_frames"`
 }
 
 // StreamingSpec sets the chunk schedule.
@@ -154,6 +188,19 @@ func LoadManifest(path string) (*Manifest, error) {
 		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
 	}
 	if err := m.loadTokenizer(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
+	if err := m.checkEndOfPrompt(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
+	if err := m.loadVoices(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
+	if err := m.loadFlowNoise(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
+	// The voices' prompts lengthen every flow run.
+	if err := m.checkMaxBatchFrames(); err != nil {
 		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
 	}
 	return &m, nil
@@ -186,6 +233,9 @@ func (m *Manifest) defaults() {
 	}
 	if len(m.Streaming.ChunkTokens) == 0 {
 		m.Streaming.ChunkTokens = []int{10, 25, 50}
+	}
+	if m.Flow.Schedule == "" {
+		m.Flow.Schedule = "linear"
 	}
 }
 
@@ -243,19 +293,37 @@ func (m *Manifest) validate() error {
 	need(m.Flow.Steps > 0, "flow.steps", "must be positive")
 	need(m.Flow.FramesPerToken > 0, "flow.frames_per_token", "must be positive")
 	need(m.Flow.CFGStrength >= 0, "flow.cfg_strength", "must not be negative")
-	if mf := m.Flow.MaxBatchFrames; mf != 0 && m.Flow.FramesPerToken > 0 {
-		// The longest chunk with its context has to fit in a run on its own.
-		longest := m.alignTokens(slices.Max(m.Streaming.ChunkTokens)+max(m.Streaming.ContextTokens, 0)) * m.Flow.FramesPerToken
-		need(mf >= longest, "flow.max_batch_frames", fmt.Sprintf("%d is less than the longest chunk with its context, %d frames padded (streaming.chunk_tokens, streaming.context_tokens)", mf, longest))
+	need(m.Flow.EmbeddingDim >= 0, "flow.embedding_dim", "must not be negative")
+	need(m.Flow.EmbeddingDim == 0 || m.Flow.Step != "", "flow.embedding_dim", "needs flow.step (the estimator graph has no cond or embedding input)")
+	need(m.Flow.LookaheadTokens >= 0, "flow.lookahead_tokens", "must not be negative")
+	need(m.Flow.Schedule == "linear" || m.Flow.Schedule == "cosine", "flow.schedule", fmt.Sprintf("%q is not linear or cosine", m.Flow.Schedule))
+	need(m.LM.EndOfPrompt >= 0, "lm.endofprompt", "must not be negative")
+	need(m.LM.EndOfPrompt == 0 || m.LM.DefaultPromptText != "", "lm.default_prompt_text", "is required with lm.endofprompt")
+	need(m.LM.EndOfPrompt > 0 || m.LM.DefaultPromptText == "", "lm.default_prompt_text", "applies only with lm.endofprompt")
+	if m.Flow.FramesPerToken > 0 && len(m.Streaming.ChunkTokens) > 0 {
+		if err := m.checkMaxBatchFrames(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	need(m.Vocoder.Hop > 0, "vocoder.hop", "must be positive")
+	v := m.Vocoder
+	need(v.ContextFrames >= 0, "vocoder.context_frames", "must not be negative")
+	need(v.LookaheadFrames >= 0, "vocoder.lookahead_frames", "must not be negative")
+	need(v.SourcePhase >= 0, "vocoder.source_phase", "must not be negative")
+	if v.SourcePhase > 0 {
+		// The carried phase is read at frame phase_frames of a window, which has to lie in
+		// the window's left context, after the previous window's start.
+		need(v.PhaseFrames > 0 && v.PhaseFrames <= v.ContextFrames, "vocoder.phase_frames", fmt.Sprintf("%d must be in [1, vocoder.context_frames (%d)] with vocoder.source_phase", v.PhaseFrames, v.ContextFrames))
+	} else {
+		need(v.PhaseFrames == 0, "vocoder.phase_frames", "applies only with vocoder.source_phase")
+	}
 	need(m.Streaming.ContextTokens >= 0, "streaming.context_tokens", "must not be negative")
 	for _, c := range m.Streaming.ChunkTokens {
 		need(c > 0, "streaming.chunk_tokens", "every chunk must be at least one token")
 	}
 	need(m.Flow.Estimator != "" || m.Flow.Step != "", "flow.estimator", "is required (or flow.step)")
 	files := map[string]string{"lm.file": m.LM.File, "flow.encoder": m.Flow.Encoder, "vocoder.file": m.Vocoder.File}
-	for key, f := range map[string]string{"flow.estimator": m.Flow.Estimator, "flow.step": m.Flow.Step} {
+	for key, f := range map[string]string{"flow.estimator": m.Flow.Estimator, "flow.step": m.Flow.Step, "flow.noise": m.Flow.Noise} {
 		if f != "" {
 			files[key] = f
 		}
@@ -286,6 +354,26 @@ func (m *Manifest) Tensor(name string) string {
 		return n
 	}
 	return name
+}
+
+// longestFlowTokens is the longest flow input the engine makes: the longest voice prompt, the
+// longest chunk with its context, and the look-ahead.
+func (m *Manifest) longestFlowTokens() int {
+	return m.longestPromptTokens() + slices.Max(m.Streaming.ChunkTokens) + max(m.Streaming.ContextTokens, 0) + max(m.Flow.LookaheadTokens, 0)
+}
+
+// checkMaxBatchFrames refuses a flow.max_batch_frames that the longest flow input (padded)
+// passes on its own.
+func (m *Manifest) checkMaxBatchFrames() error {
+	mf := m.Flow.MaxBatchFrames
+	if mf == 0 {
+		return nil
+	}
+	longest := m.alignTokens(m.longestFlowTokens()) * m.Flow.FramesPerToken
+	if mf < longest {
+		return fmt.Errorf("flow.max_batch_frames: %d is less than the longest chunk with its context, look-ahead and voice prompt, %d frames padded (streaming.chunk_tokens, streaming.context_tokens, flow.lookahead_tokens, voices)", mf, longest)
+	}
+	return nil
 }
 
 // flowBatchFits says why a flow run of b items of up to n tokens cannot run, if it cannot: its

@@ -2,6 +2,7 @@ package staged
 
 import (
 	"fmt"
+	"slices"
 	"unicode/utf8"
 
 	"github.com/voxmux/voxmux/instance/text"
@@ -44,15 +45,52 @@ func (m *Manifest) loadTokenizer() error {
 	return nil
 }
 
-// Tokenize builds the LM prompt for text: [bos, ids+offset..., sos].
+// Tokenize builds the LM prompt for text without a voice prompt: [bos, ids+offset..., sos].
 func (m *Manifest) Tokenize(s string) []int64 {
-	ids := m.tok.Encode(s)
-	out := make([]int64, 0, len(ids)+2)
-	out = append(out, m.Tokenizer.BOS)
-	for _, id := range ids {
-		out = append(out, id+m.Tokenizer.Offset)
+	p, _ := m.Prompt(nil, s)
+	return p
+}
+
+// Prompt builds the LM prompt for segment text s in voice v (nil: no voice prompt):
+// [bos, voice text ids..., segment text ids..., sos, voice speech tokens + speech_token_offset...],
+// text ids with tokenizer.offset added. With lm.endofprompt, lm.default_prompt_text goes before
+// the segment's text when neither text holds that id. segTokens counts the segment's own text
+// ids, which the speech-token bounds count (CosyVoice: the text minus the prompt's text).
+func (m *Manifest) Prompt(v *Voice, s string) (prompt []int64, segTokens int) {
+	seg := m.textIDs(s)
+	var voiceText, voiceSpeech []int64
+	if v != nil {
+		voiceText, voiceSpeech = v.textIDs, v.SpeechTokens
 	}
-	return append(out, m.LM.SOS)
+	var extra []int64
+	if e := m.LM.EndOfPrompt; e > 0 && !slices.Contains(voiceText, e) && !slices.Contains(seg, e) {
+		extra = m.textIDs(m.LM.DefaultPromptText)
+	}
+	out := make([]int64, 0, 2+len(voiceText)+len(extra)+len(seg)+len(voiceSpeech))
+	out = append(out, m.Tokenizer.BOS)
+	out = append(append(append(out, voiceText...), extra...), seg...)
+	out = append(out, m.LM.SOS)
+	for _, t := range voiceSpeech {
+		out = append(out, t+m.LM.SpeechTokenOffset)
+	}
+	return out, len(seg)
+}
+
+// checkEndOfPrompt refuses an lm.default_prompt_text that does not supply lm.endofprompt.
+func (m *Manifest) checkEndOfPrompt() error {
+	if e := m.LM.EndOfPrompt; e > 0 && !slices.Contains(m.textIDs(m.LM.DefaultPromptText), e) {
+		return fmt.Errorf("lm.default_prompt_text: %q does not hold lm.endofprompt (%d) once tokenized", m.LM.DefaultPromptText, e)
+	}
+	return nil
+}
+
+// textIDs are the LM input ids of text s: the tokenizer's ids plus tokenizer.offset.
+func (m *Manifest) textIDs(s string) []int64 {
+	ids := m.tok.Encode(s)
+	for i := range ids {
+		ids[i] += m.Tokenizer.Offset
+	}
+	return ids
 }
 
 // Segments is the text frontend (text:): text normalized and cut into the segments that are
