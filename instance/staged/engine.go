@@ -120,11 +120,13 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 		return tts.Invalid("text is not valid UTF-8")
 	}
 	segs := e.p.m.Segments(req.Text)
+	voice := e.p.m.voice(req.Voice)
 	prompts := make([][]int64, len(segs))
+	segTokens := make([]int, len(segs))
 	// Every segment is checked before any work starts.
 	for i, seg := range segs {
-		prompts[i] = e.p.m.Tokenize(seg)
-		if err := e.checkPrompt(prompts[i], seg, i, len(segs)); err != nil {
+		prompts[i], segTokens[i] = e.p.m.Prompt(voice, seg)
+		if err := e.checkPrompt(prompts[i], seg, segTokens[i], i, len(segs)); err != nil {
 			return err
 		}
 	}
@@ -139,7 +141,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	}()
 	start := func() error {
 		i := len(started)
-		s := e.newStream(ctx, req, segs[i], prompts[i], i)
+		s := e.newStream(ctx, req, voice, segs[i], prompts[i], segTokens[i], i)
 		s.textFrom, s.textEnd, s.textTo = spans[i][0], spans[i][0], spans[i][1]
 		s.stopWatch = e.watchCancel(s)
 		started = append(started, s)
@@ -201,8 +203,9 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	return nil
 }
 
-// checkPrompt refuses a segment's prompt that passes the model's limits, in tokens.
-func (e *Engine) checkPrompt(prompt []int64, seg string, i, n int) error {
+// checkPrompt refuses a segment's prompt that passes the model's limits, in tokens; segTokens
+// of it are the segment's text.
+func (e *Engine) checkPrompt(prompt []int64, seg string, segTokens, i, n int) error {
 	m := e.p.m
 	what := "the text"
 	if n > 1 {
@@ -213,7 +216,7 @@ func (e *Engine) checkPrompt(prompt []int64, seg string, i, n int) error {
 	}
 	if lim := e.p.lm.limit(); lim > 0 {
 		// The LM's cache holds the prompt and every speech token but the last.
-		minTok, _ := m.TokenBounds(seg, len(prompt)-2)
+		minTok, _ := m.TokenBounds(seg, segTokens)
 		if len(prompt)+minTok > lim {
 			return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens and needs at least %d speech tokens, more than the LM's %d positions (lm.max_positions)", m.Name, what, len(prompt), minTok, lim))
 		}
@@ -227,6 +230,8 @@ type stream struct {
 	cancel context.CancelFunc
 	req    tts.Request
 	prompt []int64
+	// voice is the zero-shot prompt the stream speaks with; nil: none.
+	voice *Voice
 	// sampler draws the stream's tokens; nil: greedy (the manifest has no lm.sampling).
 	sampler *sampler
 	// lmDone is closed once the stream has left the LM (done, failed or cancelled).
@@ -245,9 +250,10 @@ type stream struct {
 	chunk          int // index of the next chunk
 	textEnd        int // byte offset in req.Text where the chunks handed to the flow end
 
-	// Owned by the flow loop: the previous chunk's mel, the vocoder's left context.
-	prevMel    []float32
-	prevFrames int
+	// Owned by the flow loop: the mel the vocoder's next window needs.
+	vocHist vocHistory
+	// Owned by the vocoder loop: the previous window's phase (vocoder.source_phase).
+	vocPhase *vocPhase
 
 	// When the first audio passed each mark, written by the loop the stream is in at the time.
 	marks [numMarks]time.Time
@@ -268,11 +274,12 @@ type stream struct {
 	notify chan struct{}
 }
 
-// newStream makes the stream of segment i of req, whose text is seg and prompt prompt.
-func (e *Engine) newStream(ctx context.Context, req tts.Request, seg string, prompt []int64, i int) *stream {
+// newStream makes the stream of segment i of req, whose text is seg and prompt prompt (in voice,
+// segTokens of it the segment's text).
+func (e *Engine) newStream(ctx context.Context, req tts.Request, voice *Voice, seg string, prompt []int64, segTokens, i int) *stream {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, notify: make(chan struct{}, 1), lmDone: make(chan struct{})}
-	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, len(prompt)-2)
+	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, voice: voice, notify: make(chan struct{}, 1), lmDone: make(chan struct{})}
+	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, segTokens)
 	if lim := e.p.lm.limit(); lim > 0 {
 		s.maxTok = min(s.maxTok, lim-len(prompt))
 	}
@@ -356,24 +363,24 @@ func (e *Engine) firstAudioOut(s *stream) {
 }
 
 type flowItem struct {
-	s          *stream
-	queued     time.Time
-	tokens     []int64 // context + chunk
-	ctxTokens  int
-	firstToken int // index of tokens[0] in the stream
-	first      bool
-	last       bool
-	text       tts.TextSpan // the part of the text the chunk speaks
+	s      *stream
+	queued time.Time
+	tokens []int64 // the voice's prompt + context + chunk + look-ahead
+	// prompt, ctxTokens and lookahead count tokens' prompt, context and look-ahead tokens.
+	prompt, ctxTokens, lookahead int
+	firstToken                   int // index of tokens[prompt] in the stream
+	first                        bool
+	last                         bool
+	text                         tts.TextSpan // the part of the text the chunk speaks
 }
 
 type vocItem struct {
-	s         *stream
-	queued    time.Time
-	mel       []float32 // channel-major, context + chunk frames
-	ctxFrames int
-	first     bool
-	last      bool
-	text      tts.TextSpan
+	s      *stream
+	queued time.Time
+	win    vocWindow // the mel and which of its audio is kept
+	first  bool
+	last   bool
+	text   tts.TextSpan
 }
 
 func (e *Engine) lmLoop() {
@@ -587,7 +594,7 @@ func (e *Engine) advance(s *stream, tok int) bool {
 		e.learnTokensPerRune(s)
 	}
 	// A chunk leaves only when more tokens follow it, so the stream's last chunk is always
-	// handed over with last=true.
+	// handed over with last=true; and, while the LM runs, only once its look-ahead tokens exist.
 	for {
 		pending := len(s.tokens) - s.flowed
 		size := m.ChunkSize(s.chunk)
@@ -600,7 +607,7 @@ func (e *Engine) advance(s *stream, tok int) bool {
 			}
 			return false
 		}
-		if pending <= size {
+		if !done && pending < size+max(m.Flow.LookaheadTokens, 1) {
 			return true
 		}
 		e.toFlow(s, s.flowed+size, false)
@@ -611,14 +618,20 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 	if s.chunk == 0 {
 		s.marks[markQueued] = time.Now()
 	}
-	start := max(0, s.flowed-e.p.m.Streaming.ContextTokens)
+	start, la := chunkInput(e.p.m, s.flowed, end, len(s.tokens), last)
 	text := e.textSpan(s, end, last)
+	var prompt []int64
+	if s.voice != nil {
+		prompt = s.voice.SpeechTokens
+	}
 	e.hold(s)
 	e.flowQ.Push(&flowItem{
 		s:          s,
 		queued:     time.Now(),
-		tokens:     append([]int64(nil), s.tokens[start:end]...),
+		tokens:     slices.Concat(prompt, s.tokens[start:end+la]),
+		prompt:     len(prompt),
 		ctxTokens:  s.flowed - start,
+		lookahead:  la,
 		firstToken: start,
 		first:      s.chunk == 0,
 		last:       last,
@@ -799,11 +812,9 @@ func (e *Engine) flowLoop() {
 // runFlow runs a batch through the flow on its worker (the encoder, then every Euler step) and
 // sends it to done.
 func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
-	R := e.p.m.Flow.FramesPerToken
 	jobs := make([]flowJob, len(r.items))
 	for i, it := range r.items {
-		f0 := it.firstToken * R
-		jobs[i] = flowJob{tokens: it.tokens, noise: e.p.noise(it.s.req.Seed, f0, f0+len(it.tokens)*R)}
+		jobs[i] = e.p.flowJob(it)
 	}
 	stop, unwatch := cancelledBatch(r.items, e.done)
 	t0 := time.Now()
@@ -816,8 +827,8 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 	done <- r
 }
 
-// flowDone hands a finished batch's mel to the vocoder, each chunk with the previous chunk's
-// last frames as left context; on err its streams fail.
+// flowDone hands a finished batch's mel to the vocoder, each chunk as a window over its stream's
+// mel (vocHistory.window); on err its streams fail.
 func (e *Engine) flowDone(r *flowRun, err error) {
 	m := e.p.m
 	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
@@ -834,33 +845,27 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 			e.release(it.s)
 			continue
 		}
-		all := len(it.tokens) * R
-		skip := it.ctxTokens * R
+		// The flow returns the prompt's, context's and chunk's frames; the chunk's are new.
+		all := len(mels[i]) / C
+		skip := (it.prompt + it.ctxTokens) * R
 		nf := all - skip
-		ctxF := min(m.Streaming.ContextTokens*R, it.s.prevFrames)
-		mel := make([]float32, C*(ctxF+nf))
 		chunk := make([]float32, C*nf)
 		for c := 0; c < C; c++ {
-			row := mel[c*(ctxF+nf) : (c+1)*(ctxF+nf)]
-			if ctxF > 0 {
-				pf := it.s.prevFrames
-				copy(row[:ctxF], it.s.prevMel[c*pf+pf-ctxF:(c+1)*pf])
-			}
-			copy(row[ctxF:], mels[i][c*all+skip:(c+1)*all])
-			copy(chunk[c*nf:(c+1)*nf], row[ctxF:])
+			copy(chunk[c*nf:(c+1)*nf], mels[i][c*all+skip:(c+1)*all])
 		}
-		it.s.prevMel, it.s.prevFrames = chunk, nf
+		win := it.s.vocHist.window(m, chunk, it.last)
 		if it.first {
 			it.s.marks[markMel] = time.Now()
 		}
 		// The chunk's hold passes from the flow to the vocoder.
-		e.vocQ.Push(&vocItem{s: it.s, queued: time.Now(), mel: mel, ctxFrames: ctxF, first: it.first, last: it.last, text: it.text})
+		e.vocQ.Push(&vocItem{s: it.s, queued: time.Now(), win: win, first: it.first, last: it.last, text: it.text})
 	}
 }
 
 func (e *Engine) vocoderLoop() {
 	defer e.wg.Done()
-	hop, rate := e.p.m.Vocoder.Hop, e.p.m.SampleRate
+	m := e.p.m
+	hop, rate := m.Vocoder.Hop, m.SampleRate
 	for {
 		items, ok := e.vocQ.PopAll()
 		if !ok {
@@ -868,27 +873,41 @@ func (e *Engine) vocoderLoop() {
 		}
 		items = liveItems(e, items, func(it *vocItem) *stream { return it.s })
 		items, rest := engine.TakeBatch(items, e.vocFrames, e.spread, nil, func(it *vocItem) (int, bool, *stream) {
-			return len(it.mel) / e.p.m.Flow.MelBins, it.first, it.s
+			return len(it.win.mel) / m.Flow.MelBins, it.first, it.s
 		})
+		if m.Vocoder.SourcePhase > 0 {
+			// A window's phase comes from its stream's window before it.
+			items, rest = oneWindowPerStream(items, rest)
+		}
 		e.vocQ.PushFront(rest)
 		if len(items) == 0 {
 			continue
 		}
-		mels := make([][]float32, len(items))
+		jobs := make([]vocJob, len(items))
 		t0 := time.Now()
+		var err error
 		for i, it := range items {
-			mels[i] = it.mel
+			jobs[i] = vocJob{mel: it.win.mel, offset: int64(it.win.start * hop)}
+			if m.Vocoder.SourcePhase > 0 && err == nil {
+				jobs[i].phase, jobs[i].phaseAt, err = windowPhase(m, it.s.vocPhase, it.win.start)
+			}
 			e.stats.Waited(stageVocoder, t0, it.queued)
 		}
-		audio, err := e.p.voc.run(mels)
-		e.stats.Count(stageVocoder, len(mels), t0)
+		var audio, phase [][]float32
+		if err == nil {
+			audio, phase, err = e.p.voc.runJobs(jobs)
+		}
+		e.stats.Count(stageVocoder, len(jobs), t0)
 		for i, it := range items {
 			if err != nil {
 				it.s.finish(fmt.Errorf("vocoder: %w", err))
 				e.release(it.s)
 				continue
 			}
-			it.s.push(audio[i][it.ctxFrames*hop:], rate, it.text)
+			if phase != nil {
+				it.s.vocPhase = &vocPhase{start: it.win.start, out: phase[i]}
+			}
+			it.s.push(audio[i][it.win.keepFrom*hop:it.win.keepTo*hop], rate, it.text)
 			if it.first {
 				e.firstAudioOut(it.s)
 			}
@@ -898,6 +917,22 @@ func (e *Engine) vocoderLoop() {
 			e.release(it.s)
 		}
 	}
+}
+
+// oneWindowPerStream keeps the first of each stream's items in take; the others wait in rest,
+// ahead of what rest held.
+func oneWindowPerStream(take, rest []*vocItem) ([]*vocItem, []*vocItem) {
+	seen := map[*stream]bool{}
+	var keep, wait []*vocItem
+	for _, it := range take {
+		if seen[it.s] {
+			wait = append(wait, it)
+			continue
+		}
+		seen[it.s] = true
+		keep = append(keep, it)
+	}
+	return keep, append(wait, rest...)
 }
 
 // liveItems drops the items of streams whose request has ended.

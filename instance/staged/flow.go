@@ -3,6 +3,7 @@ package staged
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/voxmux/voxmux/instance/ort"
 	onnxrt "github.com/yalue/onnxruntime_go"
@@ -17,6 +18,36 @@ import (
 type flowJob struct {
 	tokens []int64
 	noise  []float32
+	// prompt counts the voice's prompt tokens that lead tokens; lookahead the tokens at the end
+	// that the encoder reads but whose frames are masked off and not returned.
+	prompt, lookahead int
+	// cond is the voice's prompt mel, channel-major [mel_bins][prompt·frames_per_token], and
+	// embedding its speaker embedding; the step graph reads them with flow.embedding_dim.
+	cond, embedding []float32
+}
+
+// frames are the job's frames that the flow returns: all but the look-ahead's.
+func (j flowJob) frames(m *Manifest) int {
+	return (len(j.tokens) - j.lookahead) * m.Flow.FramesPerToken
+}
+
+// flowSchedule is the time t_k and step size dt_k of each Euler step: linear, t_k = k/steps, or
+// cosine (CosyVoice's), t_k = 1 − cos(k/steps · π/2) and dt_k = t_{k+1} − t_k.
+func flowSchedule(m *Manifest) (t, dt []float32) {
+	n := m.Flow.Steps
+	t, dt = make([]float32, n), make([]float32, n)
+	if m.Flow.Schedule != "cosine" {
+		d := 1 / float32(n)
+		for k := range n {
+			t[k], dt[k] = float32(k)*d, d
+		}
+		return t, dt
+	}
+	at := func(k int) float64 { return 1 - math.Cos(float64(k)/float64(n)*math.Pi/2) }
+	for k := range n {
+		t[k], dt[k] = float32(at(k)), float32(at(k+1)-at(k))
+	}
+	return t, dt
 }
 
 // flowRunner is one flow worker: it turns a batch of jobs into mels. Two kinds: flowEstimator
@@ -107,8 +138,9 @@ func (s *flowEstimator) close() error {
 // flowBatch is one batch of flow jobs between Euler steps.
 type flowBatch struct {
 	s        *flowEstimator
-	lens     []int // tokens per job
-	F, BB    int   // frames per job (padded), items per estimator call (2 per job with CFG)
+	frames   []int     // frames returned per job
+	t, dt    []float32 // the Euler steps' times (flowSchedule)
+	F, BB    int       // frames per job (padded), items per estimator call (2 per job with CFG)
 	x        []float32
 	mask, mu []float32 // the estimator's, for BB items
 	step     int
@@ -126,6 +158,7 @@ func jobLens(jobs []flowJob) (lens []int, longest int) {
 
 // paddedJobs lays jobs out as B items of N tokens (B ≥ len(jobs)), padding masked: the encoder's
 // tokens [B][N] and token mask, the frame mask [B][F] and the starting sample [B][mel_bins][F].
+// The token mask covers look-ahead tokens, the frame mask does not cover their frames.
 func paddedJobs(m *Manifest, jobs []flowJob, B, N int) (toks []int64, tmask, fmask, x []float32) {
 	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
 	F := N * R
@@ -137,7 +170,7 @@ func paddedJobs(m *Manifest, jobs []flowJob, B, N int) (toks []int64, tmask, fma
 		for n := range j.tokens {
 			tmask[b*N+n] = 1
 		}
-		for f := 0; f < fb; f++ {
+		for f := 0; f < j.frames(m); f++ {
 			fmask[b*F+f] = 1
 		}
 		for c := 0; c < C; c++ {
@@ -147,13 +180,36 @@ func paddedJobs(m *Manifest, jobs []flowJob, B, N int) (toks []int64, tmask, fma
 	return toks, tmask, fmask, x
 }
 
+// paddedCond lays out the step graph's cond [B][mel_bins][F] (each job's prompt mel in its first
+// frames, zero elsewhere) and embedding [B][embedding_dim] (zero for padding rows).
+func paddedCond(m *Manifest, jobs []flowJob, B, F int) (cond, emb []float32) {
+	C, D := m.Flow.MelBins, m.Flow.EmbeddingDim
+	cond, emb = make([]float32, B*C*F), make([]float32, B*D)
+	for b, j := range jobs {
+		p := len(j.cond) / C
+		for c := 0; c < C; c++ {
+			copy(cond[(b*C+c)*F:(b*C+c)*F+p], j.cond[c*p:(c+1)*p])
+		}
+		copy(emb[b*D:(b+1)*D], j.embedding)
+	}
+	return cond, emb
+}
+
+// jobFrames are the frames the flow returns of each job.
+func jobFrames(m *Manifest, jobs []flowJob) []int {
+	out := make([]int, len(jobs))
+	for i, j := range jobs {
+		out[i] = j.frames(m)
+	}
+	return out
+}
+
 // jobMels cuts each job's mel, channel-major [mel_bins][frames], out of x laid out as paddedJobs
-// does with F frames per item; lens are the jobs' tokens.
-func jobMels(m *Manifest, lens []int, x []float32, F int) [][]float32 {
-	C, R := m.Flow.MelBins, m.Flow.FramesPerToken
-	out := make([][]float32, len(lens))
-	for j, n := range lens {
-		fb := n * R
+// does with F frames per item; frames are what each job returns (jobFrames).
+func jobMels(m *Manifest, frames []int, x []float32, F int) [][]float32 {
+	C := m.Flow.MelBins
+	out := make([][]float32, len(frames))
+	for j, fb := range frames {
 		mel := make([]float32, C*fb)
 		for c := 0; c < C; c++ {
 			copy(mel[c*fb:(c+1)*fb], x[(j*C+c)*F:(j*C+c)*F+fb])
@@ -166,7 +222,7 @@ func jobMels(m *Manifest, lens []int, x []float32, F int) [][]float32 {
 // start pads the jobs to one length and runs the encoder; no Euler step has run yet.
 func (s *flowEstimator) start(jobs []flowJob) (*flowBatch, error) {
 	B, C := len(jobs), s.m.Flow.MelBins
-	lens, N := jobLens(jobs)
+	_, N := jobLens(jobs)
 	N = s.m.alignTokens(N)
 	F := N * s.m.Flow.FramesPerToken
 	toks, tmask, fmask, x := paddedJobs(s.m, jobs, B, N)
@@ -177,7 +233,8 @@ func (s *flowEstimator) start(jobs []flowJob) (*flowBatch, error) {
 	if len(mu) != B*C*F {
 		return nil, fmt.Errorf("flow encoder: mu has %d values, want %d", len(mu), B*C*F)
 	}
-	fb := &flowBatch{s: s, lens: lens, F: F, BB: B, x: x, mask: fmask, mu: mu}
+	fb := &flowBatch{s: s, frames: jobFrames(s.m, jobs), F: F, BB: B, x: x, mask: fmask, mu: mu}
+	fb.t, fb.dt = flowSchedule(s.m)
 	if s.m.Flow.CFGStrength > 0 {
 		// Conditional and unconditional passes share one call of batch 2B.
 		fb.BB = 2 * B
@@ -193,7 +250,7 @@ func (b *flowBatch) done() bool { return b.step >= b.s.m.Flow.Steps }
 func (b *flowBatch) advance() error {
 	m := b.s.m
 	C, cfg := m.Flow.MelBins, m.Flow.CFGStrength
-	dt := 1 / float32(m.Flow.Steps)
+	dt := b.dt[b.step]
 	xin := b.x
 	if cfg > 0 {
 		xin = append(append(make([]float32, 0, 2*len(b.x)), b.x...), b.x...)
@@ -202,7 +259,7 @@ func (b *flowBatch) advance() error {
 	// rely on it).
 	t := make([]float32, b.BB)
 	for i := range t {
-		t[i] = float32(b.step) * dt
+		t[i] = b.t[b.step]
 	}
 	v, err := b.s.estimate(b.BB, C, b.F, xin, b.mask, b.mu, t)
 	if err != nil {
@@ -224,7 +281,7 @@ func (b *flowBatch) advance() error {
 }
 
 // mels returns each job's mel, channel-major [mel_bins][frames], once the batch is done.
-func (b *flowBatch) mels() [][]float32 { return jobMels(b.s.m, b.lens, b.x, b.F) }
+func (b *flowBatch) mels() [][]float32 { return jobMels(b.s.m, b.frames, b.x, b.F) }
 
 func (s *flowEstimator) encode(B, N int, toks []int64, tmask []float32) ([]float32, error) {
 	a, err := onnxrt.NewTensor(onnxrt.NewShape(int64(B), int64(N)), toks)

@@ -31,17 +31,19 @@ type flowSteps struct {
 	names           flowStepNames
 }
 
-type flowStepNames struct{ toks, tmask, mu, x, mask, t, dt, cfg, next string }
+type flowStepNames struct{ toks, tmask, mu, x, mask, t, dt, cfg, next, cond, emb string }
 
 // flowBucket holds the tensors of batches of B items of N tokens (N·frames_per_token frames):
-// the encoder's inputs, the conditioning, the sample and the next one, the mask and the time.
+// the encoder's inputs, the conditioning, the sample and the next one, the mask and the time;
+// with flow.embedding_dim also the voices' prompt mel (cond) and speaker embeddings (emb).
 type flowBucket struct {
 	id, B, N                              int // id: the CUDA graph's, or iobind.NoGraph
 	toks, tmask, mu, x, next, mask, times *iobind.Tensor
+	cond, emb                             *iobind.Tensor // nil without flow.embedding_dim
 }
 
 func (b *flowBucket) release() {
-	release([]*iobind.Tensor{b.toks, b.tmask, b.mu, b.x, b.next, b.mask, b.times})
+	release([]*iobind.Tensor{b.toks, b.tmask, b.mu, b.x, b.next, b.mask, b.times, b.cond, b.emb})
 }
 
 // flowGraphFrames caps a bucket's padded frames (batch × frames): the engine's frame budget
@@ -61,21 +63,20 @@ func flowFrames(m *Manifest) int {
 var flowBatchSizes = []int{1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 28, 32, 40, 48, 56, 64}
 
 // flowTokenSizes are the buckets' lengths in tokens for m's chunk schedule: each chunk of the
-// schedule with the context the chunks before it give (the lengths nearly every batch has), and
-// every 16 tokens for a stream's last, shorter chunk; each rounded up so that its frames are a
-// multiple of 8 (what the fused attention wants).
+// schedule with the context the chunks before it give, its look-ahead and each voice's prompt
+// length (the lengths nearly every batch has), and every 16 tokens up to the longest for a
+// stream's last, shorter chunk; each rounded up so that its frames are a multiple of 8 (what the
+// fused attention wants). A batch runs in the smallest that holds its longest item.
 func flowTokenSizes(m *Manifest) []int {
-	ctx := m.Streaming.ContextTokens
-	longest := 0
-	for _, c := range m.Streaming.ChunkTokens {
-		longest = max(longest, c)
-	}
-	longest = m.alignTokens(longest + ctx)
+	ctx, la := m.Streaming.ContextTokens, m.Flow.LookaheadTokens
+	longest := m.alignTokens(m.longestFlowTokens())
 	var out []int
-	sum := 0
-	for _, c := range m.Streaming.ChunkTokens {
-		out = append(out, m.alignTokens(c+min(ctx, sum)))
-		sum += c
+	for _, p := range m.promptLens() {
+		sum := 0
+		for _, c := range m.Streaming.ChunkTokens {
+			out = append(out, m.alignTokens(p+c+min(ctx, sum)+la))
+			sum += c
+		}
 	}
 	for n := 16; n < longest; n += 16 {
 		out = append(out, m.alignTokens(n))
@@ -88,7 +89,8 @@ func flowTokenSizes(m *Manifest) []int {
 func newFlowSteps(rt *ort.Runtime, m *Manifest, opt options) (*flowSteps, error) {
 	s := &flowSteps{m: m, mode: opt.flowGraph, names: flowStepNames{
 		toks: m.Tensor("speech_tokens"), tmask: m.Tensor("token_mask"), mu: m.Tensor("mu"), x: m.Tensor("x"),
-		mask: m.Tensor("mask"), t: m.Tensor("t"), dt: m.Tensor("dt"), cfg: m.Tensor("cfg"), next: m.Tensor("x_next")}}
+		mask: m.Tensor("mask"), t: m.Tensor("t"), dt: m.Tensor("dt"), cfg: m.Tensor("cfg"), next: m.Tensor("x_next"),
+		cond: m.Tensor("cond"), emb: m.Tensor("embedding")}}
 	graphs := s.mode == "on" && rt.CUDA()
 	if graphs {
 		s.thread = ort.NewThread()
@@ -229,11 +231,12 @@ func (s *flowSteps) newBucket(id, B, N int) (*flowBucket, error) {
 	C, b64, n64 := int64(s.m.Flow.MelBins), int64(B), int64(N)
 	b := &flowBucket{id: id, B: B, N: N}
 	var err error
-	for _, t := range []struct {
+	type alloc struct {
 		p     **iobind.Tensor
 		shape []int64
 		elem  iobind.Elem
-	}{
+	}
+	allocs := []alloc{
 		{&b.toks, []int64{b64, n64}, iobind.Int64},
 		{&b.tmask, []int64{b64, 1, n64}, iobind.Float32},
 		{&b.mu, []int64{b64, C, F}, iobind.Float32},
@@ -241,8 +244,24 @@ func (s *flowSteps) newBucket(id, B, N int) (*flowBucket, error) {
 		{&b.next, []int64{b64, C, F}, iobind.Float32},
 		{&b.mask, []int64{b64, 1, F}, iobind.Float32},
 		{&b.times, []int64{b64}, iobind.Float32},
-	} {
+	}
+	D := int64(s.m.Flow.EmbeddingDim)
+	if D > 0 {
+		allocs = append(allocs, alloc{&b.cond, []int64{b64, C, F}, iobind.Float32}, alloc{&b.emb, []int64{b64, D}, iobind.Float32})
+	}
+	for _, t := range allocs {
 		if *t.p, err = s.step.Alloc(t.shape, t.elem); err != nil {
+			b.release()
+			return nil, fmt.Errorf("flow step, %d items of %d tokens: %w", B, N, err)
+		}
+	}
+	if D > 0 {
+		// The warm-up runs and the capture check read them before any batch writes them.
+		err = iobind.Upload(b.cond, make([]float32, B*int(C*F)))
+		if err == nil {
+			err = iobind.Upload(b.emb, make([]float32, B*int(D)))
+		}
+		if err != nil {
 			b.release()
 			return nil, fmt.Errorf("flow step, %d items of %d tokens: %w", B, N, err)
 		}
@@ -307,7 +326,7 @@ func (s *flowSteps) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, erro
 }
 
 func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
-	lens, N := jobLens(jobs)
+	_, N := jobLens(jobs)
 	b, temp, err := s.bucket(len(jobs), N)
 	if err != nil {
 		return nil, err
@@ -315,11 +334,18 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	if temp {
 		defer b.release()
 	}
+	F := b.N * s.m.Flow.FramesPerToken
 	toks, tmask, mask, x := paddedJobs(s.m, jobs, b.B, b.N)
-	for _, u := range []struct {
+	type upload struct {
 		t *iobind.Tensor
 		d any
-	}{{b.toks, toks}, {b.tmask, tmask}, {b.mask, mask}, {b.x, x}} {
+	}
+	uploads := []upload{{b.toks, toks}, {b.tmask, tmask}, {b.mask, mask}, {b.x, x}}
+	if b.cond != nil {
+		cond, emb := paddedCond(s.m, jobs, b.B, F)
+		uploads = append(uploads, upload{b.cond, cond}, upload{b.emb, emb})
+	}
+	for _, u := range uploads {
 		if err := iobind.Upload(u.t, u.d); err != nil {
 			return nil, fmt.Errorf("flow: %w", err)
 		}
@@ -331,7 +357,7 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 		return nil, fmt.Errorf("flow encoder: %w", err)
 	}
 	times := make([]float32, b.B)
-	dt := 1 / float32(s.m.Flow.Steps)
+	ts, dts := flowSchedule(s.m)
 	for step := range s.m.Flow.Steps {
 		select {
 		case <-stop:
@@ -340,10 +366,17 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 		}
 		// The host path's times exactly (flowBatch.advance).
 		for i := range times {
-			times[i] = float32(step) * dt
+			times[i] = ts[step]
 		}
 		if err := iobind.Upload(b.times, times); err != nil {
 			return nil, fmt.Errorf("flow: %w", err)
+		}
+		// A linear schedule's step size is the constant uploaded at load; a graph replay reads
+		// the shared dt tensor where it was captured, so a new value is written in place.
+		if s.m.Flow.Schedule != "linear" {
+			if err := iobind.Upload(s.dt, dts[step:step+1]); err != nil {
+				return nil, fmt.Errorf("flow: %w", err)
+			}
 		}
 		if err := s.runStep(b, b.id); err != nil {
 			return nil, err
@@ -352,15 +385,18 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	if err := iobind.Download(x, b.x); err != nil {
 		return nil, fmt.Errorf("flow: %w", err)
 	}
-	return jobMels(s.m, lens, x, b.N*s.m.Flow.FramesPerToken), nil
+	return jobMels(s.m, jobFrames(s.m, jobs), x, F), nil
 }
 
 // runStep takes one Euler step of bucket b's sample in place, as CUDA graph id (b.id, or
 // iobind.NoGraph for a plain run).
 func (s *flowSteps) runStep(b *flowBucket, id int) error {
 	n := s.names
-	res, err := s.step.RunGraph(map[string]*iobind.Tensor{n.x: b.x, n.mask: b.mask, n.mu: b.mu, n.t: b.times, n.dt: s.dt, n.cfg: s.cfg},
-		[]iobind.Output{{Name: n.next, Into: b.next}}, id)
+	in := map[string]*iobind.Tensor{n.x: b.x, n.mask: b.mask, n.mu: b.mu, n.t: b.times, n.dt: s.dt, n.cfg: s.cfg}
+	if b.cond != nil {
+		in[n.cond], in[n.emb] = b.cond, b.emb
+	}
+	res, err := s.step.RunGraph(in, []iobind.Output{{Name: n.next, Into: b.next}}, id)
 	release(res)
 	if err != nil {
 		return fmt.Errorf("flow step: %w", err)

@@ -109,6 +109,48 @@ func (p *Pipeline) noise(seed uint64, from, to int) []float32 {
 	return out
 }
 
+// flowNoise is the flow's starting sample for a window of prompt frames of a voice's prompt and
+// then frames [from, to) of the stream, channel-major [mel_bins][prompt+to−from]. With flow.noise,
+// window frame p takes the table's frame idx(p) mod its length, where idx(p) = p in the prompt
+// and prompt + the stream's frame after it; else a prompt frame's noise depends on (seed, its
+// index in the prompt) and a stream frame's as noise gives it.
+func (p *Pipeline) flowNoise(seed uint64, prompt, from, to int) []float32 {
+	C := p.m.Flow.MelBins
+	if t := p.m.noise; t != nil {
+		T := len(t) / C
+		n := prompt + to - from
+		out := make([]float32, C*n)
+		for f := range n {
+			idx := f
+			if f >= prompt {
+				idx = prompt + from + f - prompt
+			}
+			row := t[(idx%T)*C : (idx%T+1)*C]
+			for c := range C {
+				out[c*n+f] = row[c]
+			}
+		}
+		return out
+	}
+	rest := p.noise(seed, from, to)
+	if prompt == 0 {
+		return rest
+	}
+	n, r := prompt+to-from, to-from
+	out := make([]float32, C*n)
+	for f := range prompt {
+		// A stream of its own, apart from the stream frames' (seed, frame).
+		g := rand.New(rand.NewPCG(^seed, uint64(f)))
+		for c := range C {
+			out[c*n+f] = float32(g.NormFloat64())
+		}
+	}
+	for c := range C {
+		copy(out[c*n+prompt:(c+1)*n], rest[c*r:(c+1)*r])
+	}
+	return out
+}
+
 // argmax picks the next speech token; end of speech (the last index) is masked while allowEnd is false.
 func argmax(logits []float32, allowEnd bool) int {
 	n := len(logits)

@@ -60,19 +60,22 @@ func vocoderWindows(n, w, ctx int) (windows [][2]int, keep []int) {
 	return windows, keep
 }
 
-// vocoderFrames are the lengths in mel frames of the items the engine hands the vocoder for whole
-// chunks (Engine.flowDone): the first chunk alone, each later one after up to the context's frames
-// of the chunk before it. A stream's last chunk may be shorter and runs padded to the next length.
-// One length for all would pad a first chunk of the benchmark model (16 frames) to 232.
+// vocoderFrames are the lengths in mel frames of the windows the engine hands the vocoder for
+// whole chunks (vocHistory.window): the first chunk alone, each later one after the frames held
+// back from the chunks before it (vocoder.lookahead_frames) and the left context. A stream's last
+// chunk may be shorter and runs padded to the next length. One length for all would pad a first
+// chunk of the benchmark model (16 frames) to 232.
 func vocoderFrames(m *Manifest) []int {
-	R, ctx := m.Flow.FramesPerToken, m.Streaming.ContextTokens*m.Flow.FramesPerToken
+	R, la := m.Flow.FramesPerToken, m.Vocoder.LookaheadFrames
 	var out []int
+	sum := 0
 	// One index past the schedule: the last size repeats, after a chunk of its own size.
 	for i := 0; i <= len(m.Streaming.ChunkTokens); i++ {
 		f := m.ChunkSize(i) * R
 		if i > 0 {
-			f += min(ctx, m.ChunkSize(i-1)*R)
+			f += min(windowContext(m, m.ChunkSize(i-1)*R)+la, sum)
 		}
+		sum += m.ChunkSize(i) * R
 		out = append(out, f)
 	}
 	slices.Sort(out)
@@ -81,20 +84,30 @@ func vocoderFrames(m *Manifest) []int {
 
 func newVocoderStage(rt *ort.Runtime, m *Manifest, opt options) (*vocoderStage, error) {
 	in, out := []string{m.Tensor("mel")}, []string{m.Tensor("audio")}
+	if m.Vocoder.SourcePhase > 0 {
+		in = append(in, m.Tensor("phase"), m.Tensor("phase_at"), m.Tensor("sample_offset"))
+		out = append(out, m.Tensor("phase_out"))
+	}
 	s, err := rt.SessionWith(rt.VocoderCUDAOptions(), "vocoder", m.Path(m.Vocoder.File), in, out)
 	if err != nil {
 		return nil, fmt.Errorf("vocoder: %w", err)
 	}
-	v := &vocoderStage{m: m, sess: s, ctx: m.Streaming.ContextTokens * m.Flow.FramesPerToken}
+	v := &vocoderStage{m: m, sess: s, ctx: vocoderContext(m)}
 	frames := vocoderFrames(m)
 	// Without left context a window's first samples would differ from the whole item's.
 	switch w := opt.vocoderWindow; {
+	case w > 0 && m.Vocoder.SourcePhase > 0:
+		// The engine's windows carry the phase from one to the next (vocwindow.go); a split
+		// item's windows would each need the one before's.
+		s.Destroy()
+		return nil, fmt.Errorf("engine.vocoder_window: does not apply to a vocoder that carries a source phase (vocoder.source_phase)")
+	case m.Vocoder.SourcePhase > 0:
 	case w > 0 && v.ctx == 0:
 		s.Destroy()
 		return nil, fmt.Errorf("engine.vocoder_window: the manifest gives the vocoder no left context (streaming.context_tokens is 0), so windows would change its audio")
 	case w > 0 && w <= v.ctx:
 		s.Destroy()
-		return nil, fmt.Errorf("engine.vocoder_window: %d frames must be more than the manifest's vocoder context (streaming.context_tokens × flow.frames_per_token = %d frames)", w, v.ctx)
+		return nil, fmt.Errorf("engine.vocoder_window: %d frames must be more than the manifest's vocoder context (vocoder.context_frames, else streaming.context_tokens × flow.frames_per_token: %d frames)", w, v.ctx)
 	case w > 0:
 		v.window = w
 	case w < 0 && v.ctx > 0:
@@ -117,7 +130,7 @@ func newVocoderStage(rt *ort.Runtime, m *Manifest, opt options) (*vocoderStage, 
 			if err == nil {
 				v.fixed[i] = append(v.fixed[i], f)
 				// Warm up: the session plans its convolutions for its one shape now, not on a request.
-				_, err = v.runOn(f, make([][]float32, b), F)
+				_, _, err = v.runJobsOn(f, make([]vocJob, b), F)
 			}
 			if err != nil {
 				v.close()
@@ -139,22 +152,44 @@ func (s *vocoderStage) close() error {
 	return errors.Join(append(errs, s.sess.Destroy())...)
 }
 
+// vocJob is one item of a vocoder run: a channel-major mel [mel_bins][frames] and, for a graph
+// that carries a source phase (vocoder.source_phase), the phase of each harmonic before frame
+// phaseAt and the absolute sample index of the item's first sample.
+type vocJob struct {
+	mel             []float32
+	phase           []float32
+	phaseAt, offset int64
+}
+
 // run turns each channel-major mel [mel_bins][frames] into frames·hop samples, items longer
-// than the window in windows.
+// than the window in windows; a phase-carrying graph starts each at phase 0.
 func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
+	jobs := make([]vocJob, len(mels))
+	for i, m := range mels {
+		jobs[i] = vocJob{mel: m}
+	}
+	audio, _, err := s.runJobs(jobs)
+	return audio, err
+}
+
+// runJobs runs jobs and returns each one's frames·hop samples and, with vocoder.source_phase,
+// its phase_out [frames][source_phase]. Windows (s.window) never split phase-carrying items
+// (newVocoderStage).
+func (s *vocoderStage) runJobs(jobs []vocJob) (audio, phase [][]float32, err error) {
 	if s.window == 0 {
-		return s.runBatch(mels)
+		return s.runBatch(jobs)
 	}
 	C, hop := s.m.Flow.MelBins, s.m.Vocoder.Hop
-	var pieces [][]float32
+	var pieces []vocJob
 	var keeps, counts []int
-	for _, m := range mels {
+	for _, j := range jobs {
+		m := j.mel
 		n := len(m) / C
 		windows, keep := vocoderWindows(n, s.window, s.ctx)
 		counts = append(counts, len(windows))
 		keeps = append(keeps, keep...)
 		if len(windows) == 1 {
-			pieces = append(pieces, m)
+			pieces = append(pieces, j)
 			continue
 		}
 		for _, w := range windows {
@@ -163,102 +198,153 @@ func (s *vocoderStage) run(mels [][]float32) ([][]float32, error) {
 			for c := 0; c < C; c++ {
 				copy(p[c*l:(c+1)*l], m[c*n+w[0]:c*n+w[1]])
 			}
-			pieces = append(pieces, p)
+			pieces = append(pieces, vocJob{mel: p})
 		}
 	}
-	audio, err := s.runBatch(pieces)
+	pa, _, err := s.runBatch(pieces)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	out := make([][]float32, len(mels))
+	out := make([][]float32, len(jobs))
 	k := 0
 	for i, n := range counts {
 		if n == 1 {
-			out[i] = audio[k]
+			out[i] = pa[k]
 			k++
 			continue
 		}
-		a := make([]float32, 0, len(mels[i])/C*hop)
+		a := make([]float32, 0, len(jobs[i].mel)/C*hop)
 		for j := 0; j < n; j, k = j+1, k+1 {
-			a = append(a, audio[k][keeps[k]*hop:]...)
+			a = append(a, pa[k][keeps[k]*hop:]...)
 		}
 		out[i] = a
 	}
-	return out, nil
+	return out, nil, nil
 }
 
 // runBatch runs items of any length, in the fixed-shape sessions where they fit.
-func (s *vocoderStage) runBatch(mels [][]float32) ([][]float32, error) {
+func (s *vocoderStage) runBatch(jobs []vocJob) (audio, phase [][]float32, err error) {
 	C := s.m.Flow.MelBins
 	longest := 0
-	for _, m := range mels {
-		longest = max(longest, len(m)/C)
+	for _, j := range jobs {
+		longest = max(longest, len(j.mel)/C)
 	}
 	// The shortest fixed length that takes every item; none: longer than any chunk the engine
 	// makes (bench stages asks for such shapes).
 	j, _ := slices.BinarySearch(s.frames, longest)
 	if len(s.fixed) == 0 || j == len(s.frames) {
-		return s.runOn(s.sess, mels, 0)
+		return s.runJobsOn(s.sess, jobs, 0)
 	}
-	out := make([][]float32, 0, len(mels))
-	for len(mels) > 0 {
+	for len(jobs) > 0 {
 		// The smallest fixed batch that takes every item left, else the largest, repeatedly.
 		i := len(s.batches) - 1
 		for k, b := range s.batches {
-			if b >= len(mels) {
+			if b >= len(jobs) {
 				i = k
 				break
 			}
 		}
-		n := min(len(mels), s.batches[i])
+		n := min(len(jobs), s.batches[i])
 		// Padded to the session's batch with silent items.
-		padded := make([][]float32, s.batches[i])
-		copy(padded, mels[:n])
-		audio, err := s.runOn(s.fixed[i][j], padded, s.frames[j])
+		padded := make([]vocJob, s.batches[i])
+		copy(padded, jobs[:n])
+		a, p, err := s.runJobsOn(s.fixed[i][j], padded, s.frames[j])
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		out = append(out, audio[:n]...)
-		mels = mels[n:]
+		audio = append(audio, a[:n]...)
+		if p != nil {
+			phase = append(phase, p[:n]...)
+		}
+		jobs = jobs[n:]
 	}
-	return out, nil
+	return audio, phase, nil
 }
 
-// runOn runs one batch on sess, every item padded to the longest or to frames if that is more.
+// runOn runs mels as one batch on sess, every item padded to the longest or to frames if that
+// is more.
 func (s *vocoderStage) runOn(sess *onnxrt.DynamicAdvancedSession, mels [][]float32, frames int) ([][]float32, error) {
-	B, C, hop := len(mels), s.m.Flow.MelBins, s.m.Vocoder.Hop
+	jobs := make([]vocJob, len(mels))
+	for i, m := range mels {
+		jobs[i] = vocJob{mel: m}
+	}
+	audio, _, err := s.runJobsOn(sess, jobs, frames)
+	return audio, err
+}
+
+// runJobsOn runs one batch on sess, every item padded to the longest or to frames if that is
+// more; with vocoder.source_phase it also feeds phase, phase_at and sample_offset and returns
+// each item's phase_out rows.
+func (s *vocoderStage) runJobsOn(sess *onnxrt.DynamicAdvancedSession, jobs []vocJob, frames int) (audio, phase [][]float32, err error) {
+	B, C, hop, H := len(jobs), s.m.Flow.MelBins, s.m.Vocoder.Hop, s.m.Vocoder.SourcePhase
 	F := frames
-	for _, m := range mels {
-		F = max(F, len(m)/C)
+	for _, j := range jobs {
+		F = max(F, len(j.mel)/C)
 	}
 	in := make([]float32, B*C*F)
-	for b, m := range mels {
-		fb := len(m) / C
+	for b, j := range jobs {
+		fb := len(j.mel) / C
 		for c := 0; c < C; c++ {
-			copy(in[(b*C+c)*F:], m[c*fb:(c+1)*fb])
+			copy(in[(b*C+c)*F:], j.mel[c*fb:(c+1)*fb])
 		}
 	}
+	var vals []onnxrt.Value
+	defer func() { ort.Destroy(vals) }()
 	t, err := onnxrt.NewTensor(onnxrt.NewShape(int64(B), int64(C), int64(F)), in)
 	if err != nil {
-		return nil, fmt.Errorf("vocoder input: %w", err)
+		return nil, nil, fmt.Errorf("vocoder input: %w", err)
 	}
-	defer t.Destroy()
+	vals = append(vals, t)
 	outs := []onnxrt.Value{nil}
-	if err := sess.Run([]onnxrt.Value{t}, outs); err != nil {
-		return nil, fmt.Errorf("vocoder: %w", err)
+	if H > 0 {
+		ph, at, off := make([]float32, B*H), make([]int64, B), make([]int64, B)
+		for b, j := range jobs {
+			copy(ph[b*H:(b+1)*H], j.phase)
+			at[b], off[b] = j.phaseAt, j.offset
+		}
+		var v onnxrt.Value
+		if v, err = onnxrt.NewTensor(onnxrt.NewShape(int64(B), int64(H)), ph); err == nil {
+			vals = append(vals, v)
+			if v, err = onnxrt.NewTensor(onnxrt.NewShape(int64(B)), at); err == nil {
+				vals = append(vals, v)
+				if v, err = onnxrt.NewTensor(onnxrt.NewShape(int64(B)), off); err == nil {
+					vals = append(vals, v)
+				}
+			}
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("vocoder input: %w", err)
+		}
+		outs = append(outs, nil)
+	}
+	if err := sess.Run(vals, outs); err != nil {
+		return nil, nil, fmt.Errorf("vocoder: %w", err)
 	}
 	defer ort.Destroy(outs)
-	audio, err := ort.Floats(outs[0])
+	all, err := ort.Floats(outs[0])
 	if err != nil {
-		return nil, fmt.Errorf("vocoder output: %w", err)
+		return nil, nil, fmt.Errorf("vocoder output: %w", err)
 	}
-	if len(audio) != B*F*hop {
-		return nil, fmt.Errorf("vocoder: audio has %d samples, want B·F·hop = %d", len(audio), B*F*hop)
+	if len(all) != B*F*hop {
+		return nil, nil, fmt.Errorf("vocoder: audio has %d samples, want B·F·hop = %d", len(all), B*F*hop)
 	}
-	out := make([][]float32, B)
-	for b, m := range mels {
-		fb := len(m) / C
-		out[b] = append([]float32(nil), audio[b*F*hop:b*F*hop+fb*hop]...)
+	var phs []float32
+	if H > 0 {
+		if phs, err = ort.Floats(outs[1]); err != nil {
+			return nil, nil, fmt.Errorf("vocoder output: %w", err)
+		}
+		if len(phs) != B*F*H {
+			return nil, nil, fmt.Errorf("vocoder: phase_out has %d values, want B·F·source_phase = %d", len(phs), B*F*H)
+		}
+		phase = make([][]float32, B)
 	}
-	return out, nil
+	audio = make([][]float32, B)
+	for b, j := range jobs {
+		fb := len(j.mel) / C
+		audio[b] = append([]float32(nil), all[b*F*hop:b*F*hop+fb*hop]...)
+		if H > 0 {
+			phase[b] = append([]float32(nil), phs[b*F*H:(b*F+fb)*H]...)
+		}
+	}
+	return audio, phase, nil
 }
