@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Makes a tiny CosyVoice3 model directory in the published format, with random weights.
+
+    usage: scripts/make_tiny_cosyvoice3.py OUT_DIR
+
+OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/export_cosyvoice3.py reads: cosyvoice3.yaml
+(hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
+(state dicts under the published parameter names; HiFT's convolutions weight-normed as
+torch.nn.utils.parametrizations stores them) and CosyVoice-BlankEN/ (a Qwen2 config.json and the
+Qwen2 tokenizer files from instance/text/testdata/qwen2). The network sizes are small (an LM of 16
+channels, a DiT of 32, a HiFT of 32 base channels); the vocabularies, the mel bins, the hop and the
+vocoder's rates are CosyVoice3's, so ids, frames and samples line up with the real model. Its
+audio is noise; its graphs and manifest are the real thing's.
+
+Needs torch and PyYAML (Debian: python3-torch, python3-yaml) and the zstd command.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cosyvoice3_net as net  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QWEN_FILES = os.path.join(ROOT, "instance", "text", "testdata", "qwen2")
+
+YAML = """\
+# set random seed, so that you may reproduce your result.
+__set_seed1: !apply:random.seed [1986]
+__set_seed2: !apply:numpy.random.seed [1986]
+__set_seed3: !apply:torch.manual_seed [1986]
+__set_seed4: !apply:torch.cuda.manual_seed_all [1986]
+
+# fixed params
+sample_rate: 24000
+llm_input_size: 16
+llm_output_size: 16
+spk_embed_dim: 192
+qwen_pretrain_path: ''
+token_frame_rate: 25
+token_mel_ratio: 2
+
+# stream related params
+chunk_size: 25 # streaming inference chunk size, in token
+num_decoding_left_chunks: -1
+
+llm: !new:cosyvoice.llm.llm.CosyVoice3LM
+    llm_input_size: !ref <llm_input_size>
+    llm_output_size: !ref <llm_output_size>
+    speech_token_size: 6561
+    length_normalized_loss: True
+    lsm_weight: 0
+    mix_ratio: [5, 15]
+    llm: !new:cosyvoice.llm.llm.Qwen2Encoder
+        pretrain_path: !ref <qwen_pretrain_path>
+    sampling: !name:cosyvoice.utils.common.ras_sampling
+        top_p: 0.8
+        top_k: 25
+        win_size: 10
+        tau_r: 0.1
+
+flow: !new:cosyvoice.flow.flow.CausalMaskedDiffWithDiT
+    input_size: 80
+    output_size: 80
+    spk_embed_dim: !ref <spk_embed_dim>
+    output_type: 'mel'
+    vocab_size: 6561
+    input_frame_rate: !ref <token_frame_rate>
+    only_mask_loss: True
+    token_mel_ratio: !ref <token_mel_ratio>
+    pre_lookahead_len: 3
+    pre_lookahead_layer: !new:cosyvoice.transformer.upsample_encoder.PreLookaheadLayer
+        in_channels: 80
+        channels: 32
+        pre_lookahead_len: 3
+    decoder: !new:cosyvoice.flow.flow_matching.CausalConditionalCFM
+        in_channels: 240
+        n_spks: 1
+        spk_emb_dim: 80
+        cfm_params: !new:omegaconf.DictConfig
+            content:
+                sigma_min: 1e-06
+                solver: 'euler'
+                t_scheduler: 'cosine'
+                training_cfg_rate: 0.2
+                inference_cfg_rate: 0.7
+                reg_loss_type: 'l1'
+        estimator: !new:cosyvoice.flow.DiT.dit.DiT
+            dim: 32
+            depth: 2
+            heads: 2
+            dim_head: 16
+            ff_mult: 2
+            mel_dim: 80
+            mu_dim: 80
+            spk_dim: 80
+            out_channels: 80
+            static_chunk_size: !ref <chunk_size> * <token_mel_ratio>
+            num_decoding_left_chunks: !ref <num_decoding_left_chunks>
+
+hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
+    in_channels: 80
+    base_channels: 32
+    nb_harmonics: 8
+    sampling_rate: !ref <sample_rate>
+    nsf_alpha: 0.1
+    nsf_sigma: 0.003
+    nsf_voiced_threshold: 10
+    upsample_rates: [8, 5, 3]
+    upsample_kernel_sizes: [16, 11, 7]
+    istft_params:
+        n_fft: 16
+        hop_len: 4
+    resblock_kernel_sizes: [3, 7, 11]
+    resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    source_resblock_kernel_sizes: [7, 7, 11]
+    source_resblock_dilation_sizes: [[1, 3, 5], [1, 3, 5], [1, 3, 5]]
+    lrelu_slope: 0.1
+    audio_limit: 0.99
+    conv_pre_look_right: 4
+    f0_predictor: !new:cosyvoice.hifigan.f0_predictor.CausalConvRNNF0Predictor
+        num_class: 1
+        in_channels: 80
+        cond_channels: 16
+"""
+
+QWEN_CONFIG = {
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 16,
+    "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "max_position_embeddings": 32768, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "vocab_size": 151936, "hidden_act": "silu",
+}
+
+# HiFT's convolutions that the reference wraps in weight_norm (parametrizations in the file).
+WEIGHT_NORMED = ("f0_predictor.condnet.", "conv_pre.", "ups.", "resblocks.", "source_resblocks.", "conv_post.")
+
+
+def weight_normed(state):
+    out = {}
+    for k, v in state.items():
+        if k.endswith(".weight") and k.startswith(WEIGHT_NORMED) and v.dim() == 3:
+            base = k[: -len(".weight")]
+            g = v.norm(dim=(1, 2), keepdim=True)
+            out[base + ".parametrizations.weight.original0"] = g
+            out[base + ".parametrizations.weight.original1"] = v.clone()
+        else:
+            out[k] = v
+    return out
+
+
+def main():
+    if len(sys.argv) != 2:
+        raise SystemExit(__doc__)
+    out = sys.argv[1]
+    qdir = os.path.join(out, "CosyVoice-BlankEN")
+    os.makedirs(qdir, exist_ok=True)
+    with open(os.path.join(out, "cosyvoice3.yaml"), "w") as f:
+        f.write(YAML)
+    with open(os.path.join(qdir, "config.json"), "w") as f:
+        json.dump(QWEN_CONFIG, f, indent=2)
+    for name in ("vocab.json", "merges.txt"):
+        with open(os.path.join(qdir, name), "wb") as f:
+            subprocess.run(["zstd", "-dc", os.path.join(QWEN_FILES, name + ".zst")], stdout=f, check=True)
+    with open(os.path.join(QWEN_FILES, "tokenizer_config.json")) as src, \
+            open(os.path.join(qdir, "tokenizer_config.json"), "w") as dst:
+        dst.write(src.read())
+
+    cfg = net.load_config(out)
+    torch.manual_seed(20251125)
+    lm = net.CosyVoice3LM(cfg.lm)
+    flow = net.CosyVoice3Flow(cfg.flow)
+    hift = net.CosyVoice3HiFT(cfg.hift)
+    # Default initializations give a tiny network outputs of reasonable size; the DiT's adaptive
+    # norms start at zero gates in training, so give them some weight here.
+    with torch.no_grad():
+        for p in flow.parameters():
+            if p.dim() >= 2:
+                p.mul_(1.5)
+        for p in hift.parameters():
+            if p.dim() == 3:
+                p.normal_(0.0, 0.05)
+    llm_state = dict(lm.state_dict())
+    llm_state["llm.model.lm_head.weight"] = llm_state["llm.model.model.embed_tokens.weight"]
+    torch.save(llm_state, os.path.join(out, "llm.pt"))
+    torch.save(flow.state_dict(), os.path.join(out, "flow.pt"))
+    torch.save(weight_normed(hift.state_dict()), os.path.join(out, "hift.pt"))
+    print("wrote %s" % out, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
