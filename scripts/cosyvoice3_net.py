@@ -389,6 +389,63 @@ class CosyVoice3LM(nn.Module):
         return (torch.cat([logits[..., :n], end], dim=-1), *presents)
 
 
+class GroupQueryAttentionOp(torch.autograd.Function):
+    """Decoder attention over a key/value cache written in place, exported as ONNX Runtime's
+    com.microsoft GroupQueryAttention with RoPE inside (do_rotary, rotate-half: Qwen2's layout).
+    Each row's length comes from seqlens_k (its length after this run, minus one); when the caller
+    binds past and present to the same memory the new keys are appended in place, so a decode step
+    copies no cache (docs/pipeline.md, "The shared cache"). forward only gives tracing the shapes;
+    the graph is checked against CosyVoice3LM by running it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
+        return q.clone(), past_k.clone(), past_v.clone()
+
+    @staticmethod
+    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
+        out, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
+                           total_len, cos_cache, sin_cache, num_heads_i=heads, kv_num_heads_i=kv_heads,
+                           do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
+        out.setType(q.type())
+        pk.setType(past_k.type())
+        pv.setType(past_v.type())
+        return out, pk, pv
+
+
+class SharedCacheLM(nn.Module):
+    """CosyVoice3LM with the shared cache contract (docs/pipeline.md, lm.cache: shared):
+    forward(input_ids, seqlens_k, total_sequence_length, past_key.0, past_value.0, ...)
+    -> (logits, present_key.0, present_value.0, ...), presents the shape of the pasts."""
+
+    def __init__(self, lm, max_positions):
+        super().__init__()
+        self.lm = lm
+        c = lm.c
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        freqs = torch.arange(max_positions, dtype=torch.float32).unsqueeze(-1) * inv
+        self.register_buffer("rope_cos", freqs.cos(), persistent=False)
+        self.register_buffer("rope_sin", freqs.sin(), persistent=False)
+
+    def forward(self, input_ids, seqlens_k, total_len, *past):
+        lm, c = self.lm, self.lm.c
+        h = lm.embed(input_ids)
+        cos, sin = self.rope_cos.to(h.dtype), self.rope_sin.to(h.dtype)
+        presents = []
+        for i, layer in enumerate(lm.qwen.layers):
+            at = layer.self_attn
+            x = layer.input_layernorm(h)
+            ctx, pk, pv = GroupQueryAttentionOp.apply(at.q_proj(x), at.k_proj(x), at.v_proj(x), past[2 * i],
+                                                      past[2 * i + 1], seqlens_k, total_len, cos, sin,
+                                                      c.heads, c.kv_heads)
+            presents += [pk, pv]
+            h = h + at.o_proj(ctx)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        logits = lm.llm_decoder(lm.qwen.norm(h)).to(torch.float32)
+        n = c.speech_tokens
+        end = torch.logsumexp(logits[..., n:], dim=-1, keepdim=True)
+        return (torch.cat([logits[..., :n], end], dim=-1), *presents)
+
+
 # ---------------------------------------------------------------------------------------------
 # Flow
 

@@ -56,6 +56,10 @@ CONTEXT_TOKENS = 8
 # Vocoder look-ahead: conv_pre reads 4 frames ahead and the inverse STFT's last samples reach into
 # the next frame.
 VOCODER_LOOKAHEAD = 5
+# Positions of one sequence's slot in the shared cache: a prompt (voice and text) and its speech
+# tokens. A segment is at most 80 text tokens (text.split), so 20 x 80 speech tokens after a
+# prompt of up to 400 fit.
+MAX_POSITIONS = 2048
 HIFT_NOISE_SAMPLES = 240000     # 10 s; the table repeats after it
 HIFT_NOISE_SEED = 1986
 
@@ -109,8 +113,10 @@ def reference_flow_noise(mel):
     return torch.randn([1, mel, 50 * 300], generator=g)[0].t().contiguous()
 
 
-def export_lm(lm, cfg, out, dtype, device):
+def export_lm(lm, cfg, out, dtype, device, cache):
     c = cfg.lm
+    if cache == "shared":
+        return export_lm_shared(lm, cfg, out, dtype, device)
     names_in = ["input_ids", "position_ids", "attention_mask"]
     names_out = ["logits"]
     axes = {"input_ids": {0: "B", 1: "T"}, "position_ids": {0: "B", 1: "T"},
@@ -127,6 +133,27 @@ def export_lm(lm, cfg, out, dtype, device):
     pos = torch.tensor([[2, 3, 4], [2, 3, 4]], device=device)
     mask = torch.ones(2, 5, dtype=torch.int64, device=device)
     export(lm, (ids, pos, mask, *past), os.path.join(out, "lm.onnx"), names_in, names_out, axes)
+
+
+def export_lm_shared(lm, cfg, out, dtype, device):
+    c = cfg.lm
+    names_in = ["input_ids", "seqlens_k", "total_sequence_length"]
+    names_out = ["logits"]
+    axes = {"input_ids": {0: "B", 1: "T"}, "seqlens_k": {0: "B"}, "logits": {0: "B", 1: "T"}}
+    past = []
+    P = 8  # max_positions while tracing; the engine's buffers set the real one
+    for i in range(c.layers):
+        for kind in ("key", "value"):
+            names_in.append("past_%s.%d" % (kind, i))
+            names_out.append("present_%s.%d" % (kind, i))
+            axes["past_%s.%d" % (kind, i)] = {0: "B", 2: "M"}
+            axes["present_%s.%d" % (kind, i)] = {0: "B", 2: "M"}
+            past.append(torch.zeros(2, c.kv_heads, P, c.head_dim, dtype=dtype, device=device))
+    ids = torch.tensor([[5, 6, 7], [8, 9, c.text_vocab + 3]], device=device)
+    args = (ids, torch.full((2,), 2, dtype=torch.int32, device=device), torch.tensor(3, dtype=torch.int32),
+            *past)
+    export(net.SharedCacheLM(lm, MAX_POSITIONS).to(device), args, os.path.join(out, "lm.onnx"),
+           names_in, names_out, axes)
 
 
 def export_flow(flow, cfg, out, dtype, device):
@@ -298,7 +325,7 @@ text:
   split: {{max_tokens: 80, min_tokens: 60, merge_tokens: 20}}
 lm:
   file: lm.onnx
-  layers: {layers}
+{cache}  layers: {layers}
   kv_heads: {kv_heads}
   head_dim: {head_dim}
   speech_vocab: {speech_vocab}
@@ -349,6 +376,10 @@ def main():
     ap.add_argument("--random-voice", action="append", default=[], metavar="NAME:SECONDS")
     ap.add_argument("--flow-noise", metavar="FILE")
     ap.add_argument("--hift-noise", metavar="FILE")
+    ap.add_argument("--cache", choices=["concat", "shared"], default="concat",
+                    help="the LM's key/value cache contract (docs/pipeline.md): concat runs on every "
+                         "provider; shared (in place, ONNX Runtime's GroupQueryAttention) is the fast "
+                         "one on CUDA, which runs it in float16 only")
     ap.add_argument("--no-check", action="store_true")
     a = ap.parse_args()
 
@@ -379,9 +410,9 @@ def main():
     export_vocoder(hift, cfg, out)
     lm.to(dev, dtype)
     flow.to(dev, dtype)
-    export_lm(lm, cfg, out, dtype, dev)
+    export_lm(lm, cfg, out, dtype, dev, a.cache)
     export_flow(flow, cfg, out, dtype, dev)
-    if not a.no_check and a.device == "cpu" and dtype == torch.float32:
+    if not a.no_check and a.device == "cpu" and dtype == torch.float32 and a.cache == "concat":
         check_onnx(out, lm, flow, hift, cfg)
 
     tok = os.path.join(out, "tokenizer")
@@ -408,6 +439,7 @@ def main():
     s = cfg.lm.sampling
     with open(os.path.join(out, "pipeline.yaml"), "w") as f:
         f.write(MANIFEST.format(
+            cache="  cache: shared\n  max_positions: %d\n" % MAX_POSITIONS if a.cache == "shared" else "",
             source=os.path.basename(os.path.abspath(a.model_dir)), name=a.name,
             sample_rate=cfg.sample_rate, dtype=a.dtype, voices=", ".join(voices),
             bos=cfg.lm.text_vocab + cfg.lm.sos, layers=cfg.lm.layers, kv_heads=cfg.lm.kv_heads,

@@ -7,7 +7,7 @@ OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/export_cosyvoice3.py rea
 (hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
 (state dicts under the published parameter names; HiFT's convolutions weight-normed as
 torch.nn.utils.parametrizations stores them) and CosyVoice-BlankEN/ (a Qwen2 config.json and the
-Qwen2 tokenizer files from instance/text/testdata/qwen2). The network sizes are small (an LM of 16
+Qwen2 tokenizer files from instance/text/testdata/qwen2). The network sizes are small (an LM of 32
 channels, a DiT of 32, a HiFT of 32 base channels); the vocabularies, the mel bins, the hop and the
 vocoder's rates are CosyVoice3's, so ids, frames and samples line up with the real model. Its
 audio is noise; its graphs and manifest are the real thing's.
@@ -37,8 +37,8 @@ __set_seed4: !apply:torch.cuda.manual_seed_all [1986]
 
 # fixed params
 sample_rate: 24000
-llm_input_size: 16
-llm_output_size: 16
+llm_input_size: 32
+llm_output_size: 32
 spk_embed_dim: 192
 qwen_pretrain_path: ''
 token_frame_rate: 25
@@ -129,8 +129,8 @@ hift: !new:cosyvoice.hifigan.generator.CausalHiFTGenerator
 """
 
 QWEN_CONFIG = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 16,
-    "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 32,
+    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
     "num_key_value_heads": 1, "max_position_embeddings": 32768, "rms_norm_eps": 1e-06,
     "rope_theta": 1000000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "vocab_size": 151936, "hidden_act": "silu",
