@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes a tiny CosyVoice3 model directory in the published format, with random weights.
 
-    usage: scripts/make_tiny_cosyvoice3.py OUT_DIR
+    usage: scripts/make_tiny_cosyvoice3.py OUT_DIR [--full]
 
 OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/export_cosyvoice3.py reads: cosyvoice3.yaml
 (hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
@@ -11,6 +11,10 @@ Qwen2 tokenizer files from instance/text/testdata/qwen2). The network sizes are 
 channels, a DiT of 32, a HiFT of 32 base channels); the vocabularies, the mel bins, the hop and the
 vocoder's rates are CosyVoice3's, so ids, frames and samples line up with the real model. Its
 audio is noise; its graphs and manifest are the real thing's.
+
+--full writes CosyVoice3-0.5B's own sizes instead (a 0.5B Qwen2 LM, the 22-layer DiT of 1024
+channels, HiFT of 512): a checkpoint of the real network with random weights, for benchmarks where
+the published weights are not at hand (about 3.4 GB in float32, half a minute to write).
 
 Needs torch and PyYAML (Debian: python3-torch, python3-yaml) and the zstd command.
 """
@@ -153,16 +157,34 @@ def weight_normed(state):
     return out
 
 
+# CosyVoice3-0.5B's sizes: its cosyvoice3.yaml and Qwen2-0.5B's config.json.
+FULL_SIZES = [("llm_input_size: 32", "llm_input_size: 896"), ("llm_output_size: 32", "llm_output_size: 896"),
+              ("        channels: 32", "        channels: 1024"), ("            dim: 32", "            dim: 1024"),
+              ("            depth: 2", "            depth: 22"), ("            heads: 2", "            heads: 16"),
+              ("            dim_head: 16", "            dim_head: 64"), ("    base_channels: 32", "    base_channels: 512"),
+              ("        cond_channels: 16", "        cond_channels: 512")]
+FULL_QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2}
+
+
 def main():
-    if len(sys.argv) != 2:
+    args = [a for a in sys.argv[1:] if a != "--full"]
+    if len(args) != 1:
         raise SystemExit(__doc__)
-    out = sys.argv[1]
+    out = args[0]
+    full = "--full" in sys.argv[1:]
+    yaml_text, qwen = YAML, dict(QWEN_CONFIG)
+    if full:
+        for small, big in FULL_SIZES:
+            assert small in yaml_text, small
+            yaml_text = yaml_text.replace(small, big)
+        qwen.update(FULL_QWEN)
     qdir = os.path.join(out, "CosyVoice-BlankEN")
     os.makedirs(qdir, exist_ok=True)
     with open(os.path.join(out, "cosyvoice3.yaml"), "w") as f:
-        f.write(YAML)
+        f.write(yaml_text)
     with open(os.path.join(qdir, "config.json"), "w") as f:
-        json.dump(QWEN_CONFIG, f, indent=2)
+        json.dump(qwen, f, indent=2)
     for name in ("vocab.json", "merges.txt"):
         with open(os.path.join(qdir, name), "wb") as f:
             subprocess.run(["zstd", "-dc", os.path.join(QWEN_FILES, name + ".zst")], stdout=f, check=True)
@@ -175,8 +197,8 @@ def main():
     lm = net.CosyVoice3LM(cfg.lm)
     flow = net.CosyVoice3Flow(cfg.flow)
     hift = net.CosyVoice3HiFT(cfg.hift)
-    # Default initializations give a tiny network outputs of reasonable size; the DiT's adaptive
-    # norms start at zero gates in training, so give them some weight here.
+    # Default initializations give a small network outputs of reasonable size; scale them so the
+    # DiT's gates and HiFT's convolutions pass signal on as trained weights do.
     with torch.no_grad():
         for p in flow.parameters():
             if p.dim() >= 2:
