@@ -270,6 +270,17 @@ def run_campplus(onnx_path, fbank):
 # ---------------------------------------------------------------------------------------------
 
 
+def missing_modules():
+    """The modules a prompt needs that are not importable, so that a caller can stop before work."""
+    missing = []
+    for m in ("onnxruntime", "torchaudio"):
+        try:
+            __import__(m)
+        except ImportError:
+            missing.append(m)
+    return missing
+
+
 def load_clip(path):
     """The clip as mono float32 and its rate, checked against the limits before any work."""
     x, sr = read_wav(path)

@@ -349,6 +349,13 @@ def wav_voice_prompts(model_dir, cfg, wav_voices):
         raise SystemExit("--voice-wav: the prompt features are CosyVoice3's (24 kHz, 80 mel bins, 2 frames "
                          "a token) but %s has %d Hz, %d bins, %d frames a token"
                          % (model_dir, cfg.sample_rate, cfg.flow.mel, cfg.flow.token_mel_ratio))
+    if not wav_voices:
+        return []
+    missing = cv_voice.missing_modules()
+    if missing:
+        raise SystemExit("--voice-wav needs %s (the speech tokenizer and speaker networks run in "
+                         "onnxruntime; the speaker network's input is torchaudio's Kaldi fbank): "
+                         "install %s" % (" and ".join(missing), " ".join(missing)))
     prompts = []
     for name, wav, text in wav_voices:
         t0 = time.time()

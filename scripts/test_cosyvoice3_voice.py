@@ -397,6 +397,10 @@ def test_missing_dependencies():
         raises(lambda: v.run_campplus(onnx, np.zeros((10, 80), np.float32)), "onnxruntime")
 
 
+def test_missing_modules():
+    assert v.missing_modules() == [m for m in ("onnxruntime", "torchaudio") if not has(m)]
+
+
 def test_prompt_text():
     d = "You are a helpful assistant.<|endofprompt|>"
     assert v.prompt_text("  Hello there.\n", d) == d + "Hello there."
