@@ -3,6 +3,7 @@
 
     usage: scripts/export_cosyvoice3.py MODEL_DIR OUT_DIR [--dtype float32|float16]
                                         [--device cpu|cuda] [--voice NAME=VOICE_DIR]...
+                                        [--voice-wav NAME=WAV --voice-text NAME=TRANSCRIPT]...
                                         [--random-voice NAME:SECONDS]... [--flow-noise FILE]
                                         [--hift-noise FILE] [--no-check]
 
@@ -22,6 +23,16 @@ Every OUT_DIR has the voice `default`: the instruction prompt alone, with no spe
 --voice copies a prepared voice folder; --random-voice makes a voice of random speech tokens, mel
 and embedding of the given length (for benchmarks with random weights).
 
+--voice-wav NAME=WAV with --voice-text NAME=TRANSCRIPT (both once per voice) makes the zero-shot
+voice NAME from a reference clip and what is said in it, as CosyVoice3's frontend does: speech
+tokens from MODEL_DIR/speech_tokenizer_v3.onnx, the speaker embedding from MODEL_DIR/campplus.onnx
+and the prompt mel, trimmed to two mel frames a token (scripts/cosyvoice3_voice.py). The voice's
+text is the default instruction, "You are a helpful assistant.<|endofprompt|>", then the
+transcript; a transcript that holds <|endofprompt|> is taken as the whole text, its own instruction
+first. The clip is WAV (PCM, any channels, averaged; other formats when torchaudio is importable),
+16 kHz or more, at most 30 s. These voices need onnxruntime and torchaudio, and are made before
+the export so that a bad clip fails at once.
+
 --flow-noise and --hift-noise replace the noise tables with float32 files (frame-major
 [frames][mel] and sample-major [samples][harmonics]); the parity check uses them to give voxmux
 the reference's own noise. Without them the flow noise is the reference's (seed 0, drawn as
@@ -31,7 +42,7 @@ Then it checks the graphs it wrote against the PyTorch modules when onnxruntime 
 always checks in PyTorch that chunked vocoding with the manifest's context, look-ahead and carried
 phase equals a whole run.
 
-Needs torch (1.13 or later), onnx and PyYAML.
+Needs torch (1.13 or later), onnx and PyYAML (and for --voice-wav onnxruntime and torchaudio).
 """
 
 import argparse
@@ -46,6 +57,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cosyvoice3_net as net  # noqa: E402
+import cosyvoice3_voice as cv_voice  # noqa: E402
 
 OPSET = 17
 # The instruction CosyVoice3's LM expects before <|endofprompt|> (its frontend's default).
@@ -60,6 +72,7 @@ VOCODER_LOOKAHEAD = 5
 # tokens. A segment is at most 80 text tokens (text.split), so 20 x 80 speech tokens after a
 # prompt of up to 400 fit.
 MAX_POSITIONS = 2048
+PROMPT_TOKENS = 400
 HIFT_NOISE_SAMPLES = 240000     # 10 s; the table repeats after it
 HIFT_NOISE_SEED = 1986
 
@@ -299,6 +312,73 @@ def write_voice(out, name, text, tokens, mel, embedding):
         f.write("\n".join(lines) + "\n")
 
 
+def wav_voice_args(wavs, texts, taken):
+    """[(name, wav, text)] from --voice-wav NAME=WAV and --voice-text NAME=TRANSCRIPT; an unpaired,
+    repeated or malformed one is an error that names it."""
+    def pairs(items, flag, what):
+        got = {}
+        for item in items:
+            name, eq, value = item.partition("=")
+            name = name.strip()
+            if not eq or not name or not value.strip():
+                raise SystemExit("%s %r: expected NAME=%s" % (flag, item, what))
+            if "/" in name or name.startswith("."):
+                raise SystemExit("%s %r: the voice name %r is not a folder name" % (flag, item, name))
+            if name in got:
+                raise SystemExit("%s: voice %r given twice" % (flag, name))
+            got[name] = value
+        return got
+    w = pairs(wavs, "--voice-wav", "WAV")
+    t = pairs(texts, "--voice-text", "TRANSCRIPT")
+    for name in w:
+        if name not in t:
+            raise SystemExit("--voice-wav %s: no --voice-text %s=TRANSCRIPT (what is said in the clip)"
+                             % (name, name))
+        if name in taken:
+            raise SystemExit("--voice-wav %s: a voice %r is already made by another flag" % (name, name))
+    for name in t:
+        if name not in w:
+            raise SystemExit("--voice-text %s: no --voice-wav %s=WAV" % (name, name))
+    return [(name, w[name], cv_voice.prompt_text(t[name], DEFAULT_PROMPT)) for name in w]
+
+
+def wav_voice_prompts(model_dir, cfg, wav_voices):
+    """Each clip's prompt, checked against the model's sizes; any failure stops the export."""
+    if (cfg.sample_rate, cfg.flow.mel, cfg.flow.token_mel_ratio) != (cv_voice.MEL_RATE_HZ, cv_voice.MEL_BINS,
+                                                                      cv_voice.FRAMES_PER_TOKEN):
+        raise SystemExit("--voice-wav: the prompt features are CosyVoice3's (24 kHz, 80 mel bins, 2 frames "
+                         "a token) but %s has %d Hz, %d bins, %d frames a token"
+                         % (model_dir, cfg.sample_rate, cfg.flow.mel, cfg.flow.token_mel_ratio))
+    if not wav_voices:
+        return []
+    missing = cv_voice.missing_modules()
+    if missing:
+        raise SystemExit("--voice-wav needs %s (the speech tokenizer and speaker networks run in "
+                         "onnxruntime; the speaker network's input is torchaudio's Kaldi fbank): "
+                         "install %s" % (" and ".join(missing), " ".join(missing)))
+    prompts = []
+    for name, wav, text in wav_voices:
+        t0 = time.time()
+        try:
+            p = cv_voice.extract_prompt(wav, model_dir)
+        except cv_voice.VoiceError as e:
+            raise SystemExit("--voice-wav %s: %s" % (name, e))
+        if len(p.embedding) != cfg.flow.spk_dim:
+            raise SystemExit("--voice-wav %s: %s gives a %d-float embedding, the flow takes %d"
+                             % (name, cv_voice.CAMPPLUS_FILE, len(p.embedding), cfg.flow.spk_dim))
+        bad = [x for x in p.tokens if not 0 <= x < cfg.lm.speech_tokens]
+        if bad:
+            raise SystemExit("--voice-wav %s: %s gives token %d, outside 0..%d"
+                             % (name, cv_voice.TOKENIZER_FILE, bad[0], cfg.lm.speech_tokens - 1))
+        log("voice %s: %s, %.2f s -> %d speech tokens, %d mel frames (%.1f s)"
+            % (name, wav, p.seconds, len(p.tokens), len(p.mel), time.time() - t0))
+        if len(p.tokens) > PROMPT_TOKENS:
+            log("  note: %d prompt tokens; the LM's slot (%d positions) is sized for prompts of up to %d"
+                % (len(p.tokens), MAX_POSITIONS, PROMPT_TOKENS))
+        prompts.append((name, text, p))
+    return prompts
+
+
 def yaml_str(s):
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -373,6 +453,10 @@ def main():
                     help="the LM's and the flow's weights and cache (the vocoder stays float32)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--voice", action="append", default=[], metavar="NAME=DIR")
+    ap.add_argument("--voice-wav", action="append", default=[], metavar="NAME=WAV",
+                    help="a zero-shot voice from a reference clip (with --voice-text NAME=...)")
+    ap.add_argument("--voice-text", action="append", default=[], metavar="NAME=TRANSCRIPT",
+                    help="what is said in --voice-wav NAME's clip")
     ap.add_argument("--random-voice", action="append", default=[], metavar="NAME:SECONDS")
     ap.add_argument("--flow-noise", metavar="FILE")
     ap.add_argument("--hift-noise", metavar="FILE")
@@ -382,11 +466,14 @@ def main():
                          "one on CUDA, which runs it in float16 only")
     ap.add_argument("--no-check", action="store_true")
     a = ap.parse_args()
+    taken = {"default"} | {v.partition("=")[0] for v in a.voice} | {v.partition(":")[0] for v in a.random_voice}
+    wav_voices = wav_voice_args(a.voice_wav, a.voice_text, taken)
 
     out = a.out_dir
-    os.makedirs(out, exist_ok=True)
     log("reading %s" % a.model_dir)
     cfg = net.load_config(a.model_dir)
+    wav_prompts = wav_voice_prompts(a.model_dir, cfg, wav_voices)
+    os.makedirs(out, exist_ok=True)
     lm, flow, hift = load_models(a.model_dir, cfg)
     H = cfg.hift.nb_harmonics + 1
     if a.hift_noise:
@@ -434,6 +521,9 @@ def main():
         mel = torch.randn(n * cfg.flow.token_mel_ratio, cfg.flow.mel, generator=g).numpy() - 5.0
         emb = torch.randn(cfg.flow.spk_dim, generator=g).numpy()
         write_voice(out, name, DEFAULT_PROMPT + "A sentence of random text for a random voice.", tokens, mel, emb)
+        voices.append(name)
+    for name, text, p in wav_prompts:
+        write_voice(out, name, text, p.tokens, p.mel, p.embedding)
         voices.append(name)
 
     s = cfg.lm.sampling
