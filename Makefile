@@ -12,7 +12,7 @@ PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 # into models/voices/ through the go command's module cache.
 VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dcf0d49e46b7
 
-.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper voices vet clean
+.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper tiny-cosyvoice3 voices vet clean
 
 run: deps ort build voices
 	@echo
@@ -21,7 +21,8 @@ run: deps ort build voices
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 
-# Installs what is missing (Debian packages, ONNX Runtime, a Consul agent) and runs every test.
+# Installs what is missing (Debian packages, ONNX Runtime, a Consul agent), makes
+# models/tiny-cosyvoice3 and runs every test.
 test:
 	GO=$(GO) scripts/test.sh
 
@@ -57,6 +58,19 @@ tiny-model:
 # Rebuilds models/tiny-piper, the tiny Piper-format voices the tests use (same Debian packages).
 tiny-piper:
 	/usr/bin/python3 scripts/gen_tiny_piper.py models/tiny-piper
+
+# models/tiny-cosyvoice3: a tiny CosyVoice3 with random weights in the published format
+# (models/tiny-cosyvoice3-published), exported as the real one is, with a random 5 s voice bench
+# (Debian's python3-torch, python3-onnx, python3-numpy, python3-yaml and zstd). Made again only
+# when a script that makes it changes; `make test` runs it before the tests.
+CV3_TINY_SCRIPTS := scripts/make_tiny_cosyvoice3.py scripts/export_cosyvoice3.py scripts/cosyvoice3_net.py
+tiny-cosyvoice3: models/tiny-cosyvoice3/pipeline.yaml
+
+# pipeline.yaml is written last, so a failed export leaves none and runs again.
+models/tiny-cosyvoice3/pipeline.yaml: $(CV3_TINY_SCRIPTS)
+	rm -rf models/tiny-cosyvoice3-published models/tiny-cosyvoice3
+	/usr/bin/python3 scripts/make_tiny_cosyvoice3.py models/tiny-cosyvoice3-published
+	/usr/bin/python3 scripts/export_cosyvoice3.py models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5
 
 voices: build
 	GO=$(GO) $(BIN) voices fetch --dir models/voices $(VOICE_MODULES)
