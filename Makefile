@@ -63,7 +63,8 @@ tiny-piper:
 # (models/tiny-cosyvoice3-published), exported as the real one is, with a random 5 s voice bench
 # (Debian's python3-torch, python3-onnx, python3-numpy, python3-yaml and zstd). Made again only
 # when a script that makes it changes; `make test` runs it before the tests.
-CV3_TINY_SCRIPTS := scripts/make_tiny_cosyvoice3.py scripts/export_cosyvoice3.py scripts/cosyvoice3_net.py
+CV3_TINY_SCRIPTS := scripts/make_tiny_cosyvoice3.py scripts/export_cosyvoice3.py scripts/cosyvoice3_net.py \
+  scripts/cosyvoice3_voice.py
 tiny-cosyvoice3: models/tiny-cosyvoice3/pipeline.yaml
 
 # pipeline.yaml is written last, so a failed export leaves none and runs again.

@@ -15,6 +15,8 @@ consul_tests='WithRealConsulAgent|WithRealAgent'
 # The CosyVoice3 tests run the exporter's output (models/tiny-cosyvoice3): made here, so they must
 # not skip.
 ${MAKE:-make} --no-print-directory tiny-cosyvoice3
+# The exporter's feature extraction for voices made from a clip (filterbanks, spectra, resampling).
+/usr/bin/python3 scripts/test_cosyvoice3_voice.py
 export VOXMUX_REQUIRE_TINY_COSYVOICE3=1
 $GO vet ./...
 # The race detector where the concurrency lives; the end-to-end tests (real processes) and the
