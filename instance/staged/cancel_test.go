@@ -84,6 +84,10 @@ func TestEngineCancelCountsOnlyUnfinished(t *testing.T) {
 	if err := e.Synthesize(ctx, tts.Request{Text: "Never started."}, func(tts.Chunk) error { return nil }); err == nil {
 		t.Fatal("a cancelled request succeeded")
 	}
+	// A request cancelled before it started may still be leaving the LM loop's queue.
+	for deadline := time.Now().Add(2 * time.Second); e.Active() != 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	if st := e.CancelStats(); st.Count != 0 || e.Active() != 0 {
 		t.Errorf("cancels %+v, active %d; want none", st, e.Active())
 	}

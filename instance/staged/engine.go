@@ -911,10 +911,12 @@ func (e *Engine) vocoderLoop() {
 			if it.first {
 				e.firstAudioOut(it.s)
 			}
+			// Released before the last chunk finishes the stream: a request whose Synthesize has
+			// returned is no longer counted as active.
+			e.release(it.s)
 			if it.last {
 				it.s.finish(nil)
 			}
-			e.release(it.s)
 		}
 	}
 }
