@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -106,6 +106,26 @@ bench() {
     --concurrency ${LEVELS:-1,4,8,16,32,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-shaped fp16, voxmux $("$bin" version | cut -d' ' -f2)" \
     --out "${BENCH_OUT:-$logs/bench}"
+  kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# CosyVoice3 itself on GPU 0: voxmux serving the float16 export in $CV3 (scripts/export_cosyvoice3.py
+# --dtype float16, with the voice $VOICE) and the eager baseline running the published model in
+# $CV3_MODEL (scripts/baseline_cosyvoice3.py, float16, the export's voices), swept at the same LEVELS.
+cv3bench() {
+  local model=${CV3_MODEL:?set CV3_MODEL to the published CosyVoice3 model directory} cv3=${CV3:-/tmp/cv3}
+  BIG=$cv3 bigcfg cv3 127.0.0.1:8084 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
+  "$bin" serve --config "$logs/cv3.yaml" > "$logs/cv3.log" 2>&1 &
+  local vpid=$!
+  python3 "$repo/scripts/baseline_cosyvoice3.py" --model-dir "$model" --voices "$cv3/voices" --port 8085 \
+    --workers 1 --dtype float16 > "$logs/cv3-baseline.log" 2>&1 &
+  local bpid=$!
+  wait_ready http://127.0.0.1:8084 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/cv3.log"; kill $vpid $bpid; return 1; }
+  wait_ready http://127.0.0.1:8085 300 $bpid || { echo "baseline not ready"; tail -20 "$logs/cv3-baseline.log"; kill $vpid $bpid; return 1; }
+  "$bin" bench --url http://127.0.0.1:8084 --compare http://127.0.0.1:8085 --concurrency ${LEVELS:-1,4,8} \
+    --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --voice "${VOICE:-bench}" --quiet \
+    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-0.5B fp16, voice ${VOICE:-bench}, voxmux $("$bin" version | cut -d' ' -f2)" \
+    --out "${BENCH_OUT:-$logs/cv3bench}"
   kill -TERM $vpid $bpid; wait $vpid $bpid
 }
 
