@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes a tiny CosyVoice3 model directory in the published format, with random weights.
 
-    usage: scripts/make_tiny_cosyvoice3.py OUT_DIR [--full]
+    usage: scripts/make_tiny_cosyvoice3.py OUT_DIR [--full] [--qwen-files DIR]
 
 OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/export_cosyvoice3.py reads: cosyvoice3.yaml
 (hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
@@ -16,7 +16,11 @@ audio is noise; its graphs and manifest are the real thing's.
 channels, HiFT of 512): a checkpoint of the real network with random weights, for benchmarks where
 the published weights are not at hand (about 3.4 GB in float32, half a minute to write).
 
-Needs torch and PyYAML (Debian: python3-torch, python3-yaml) and the zstd command.
+--qwen-files takes the Qwen2 tokenizer files (vocab.json, merges.txt, tokenizer_config.json) from
+DIR instead of unpacking instance/text/testdata/qwen2's.
+
+Needs torch and PyYAML (Debian: python3-torch, python3-yaml) and the zstd command (unless
+--qwen-files).
 """
 
 import json
@@ -168,11 +172,19 @@ FULL_QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers":
 
 
 def main():
-    args = [a for a in sys.argv[1:] if a != "--full"]
+    argv = sys.argv[1:]
+    qwen_files = None
+    if "--qwen-files" in argv:
+        i = argv.index("--qwen-files")
+        qwen_files = argv[i + 1] if i + 1 < len(argv) else None
+        if not qwen_files:
+            raise SystemExit(__doc__)
+        del argv[i:i + 2]
+    args = [a for a in argv if a != "--full"]
     if len(args) != 1:
         raise SystemExit(__doc__)
     out = args[0]
-    full = "--full" in sys.argv[1:]
+    full = "--full" in argv
     yaml_text, qwen = YAML, dict(QWEN_CONFIG)
     if full:
         for small, big in FULL_SIZES:
@@ -187,8 +199,12 @@ def main():
         json.dump(qwen, f, indent=2)
     for name in ("vocab.json", "merges.txt"):
         with open(os.path.join(qdir, name), "wb") as f:
-            subprocess.run(["zstd", "-dc", os.path.join(QWEN_FILES, name + ".zst")], stdout=f, check=True)
-    with open(os.path.join(QWEN_FILES, "tokenizer_config.json")) as src, \
+            if qwen_files:
+                with open(os.path.join(qwen_files, name), "rb") as src:
+                    f.write(src.read())
+            else:
+                subprocess.run(["zstd", "-dc", os.path.join(QWEN_FILES, name + ".zst")], stdout=f, check=True)
+    with open(os.path.join(qwen_files or QWEN_FILES, "tokenizer_config.json")) as src, \
             open(os.path.join(qdir, "tokenizer_config.json"), "w") as dst:
         dst.write(src.read())
 

@@ -122,7 +122,8 @@ cv3bench() {
   local bpid=$!
   wait_ready http://127.0.0.1:8084 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/cv3.log"; kill $vpid $bpid; return 1; }
   wait_ready http://127.0.0.1:8085 300 $bpid || { echo "baseline not ready"; tail -20 "$logs/cv3-baseline.log"; kill $vpid $bpid; return 1; }
-  "$bin" bench --url http://127.0.0.1:8084 --compare http://127.0.0.1:8085 --concurrency ${LEVELS:-1,4,8} \
+  "$bin" bench --url http://127.0.0.1:8084 --compare http://127.0.0.1:8085 --compare-concurrency ${BASE_LEVELS:-1,4,8} \
+    --concurrency ${LEVELS:-1,4,8,16,32,64,128,256} \
     --duration-per-level ${DUR:-12s} --warmup 4 --format pcm --voice "${VOICE:-bench}" --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-0.5B fp16, voice ${VOICE:-bench}, voxmux $("$bin" version | cut -d' ' -f2)" \
     --out "${BENCH_OUT:-$logs/cv3bench}"
