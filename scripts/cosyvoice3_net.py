@@ -383,10 +383,18 @@ class CosyVoice3LM(nn.Module):
         for i, layer in enumerate(self.qwen.layers):
             h, k, v = layer(h, cos, sin, bias, past[2 * i], past[2 * i + 1])
             presents += [k, v]
-        logits = self.llm_decoder(self.qwen.norm(h)).to(torch.float32)
-        n = c.speech_tokens
+        return (self.logits(self.qwen.norm(h)), *presents)
+
+    def logits(self, h):
+        """The speech tokens' logits and end of speech in place of the first stop id; written
+        without a Concat of unequal parts, which ONNX Runtime's CUDA graphs cannot replay."""
+        n = self.c.speech_tokens
+        logits = self.llm_decoder(h).to(torch.float32)
         end = torch.logsumexp(logits[..., n:], dim=-1, keepdim=True)
-        return (torch.cat([logits[..., :n], end], dim=-1), *presents)
+        last = torch.zeros(n + 1, dtype=torch.float32, device=h.device)
+        last[n] = 1.0
+        head = logits[..., :n + 1]
+        return head + last * (end - logits[..., n:n + 1])
 
 
 class GroupQueryAttentionOp(torch.autograd.Function):
@@ -440,10 +448,7 @@ class SharedCacheLM(nn.Module):
             presents += [pk, pv]
             h = h + at.o_proj(ctx)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = lm.llm_decoder(lm.qwen.norm(h)).to(torch.float32)
-        n = c.speech_tokens
-        end = torch.logsumexp(logits[..., n:], dim=-1, keepdim=True)
-        return (torch.cat([logits[..., :n], end], dim=-1), *presents)
+        return (lm.logits(lm.qwen.norm(h)), *presents)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,12 +479,12 @@ class FlowEncoder(nn.Module):
 
     def forward(self, tokens, token_mask):
         f = self.flow
-        emb = f.input_embedding(torch.clamp(tokens, min=0)) * token_mask.transpose(1, 2)
+        mask = token_mask.transpose(1, 2).to(f.input_embedding.weight.dtype)
+        emb = f.input_embedding(torch.clamp(tokens, min=0)) * mask
         h = f.pre_lookahead_layer(emb)
         r = f.c.token_mel_ratio
-        mask = token_mask.transpose(1, 2)
         h = (h * mask).unsqueeze(2).expand(-1, -1, r, -1).reshape(h.shape[0], -1, h.shape[-1])
-        return h.transpose(1, 2)
+        return h.transpose(1, 2).to(torch.float32)   # the contract's mu is float32
 
 
 class TimestepEmbedding(nn.Module):
@@ -548,9 +553,10 @@ class Attention(nn.Module):
     def forward(self, x, bias, cos, sin, frame_mask):
         B = x.shape[0]
         q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        r = cos.shape[-1]
-        q = torch.cat((q[..., :r] * cos + rotate_interleaved(q[..., :r]) * sin, q[..., r:]), dim=-1)
-        k = torch.cat((k[..., :r] * cos + rotate_interleaved(k[..., :r]) * sin, k[..., r:]), dim=-1)
+        # cos and sin span all channels (1 and 0 past the rotary ones): the partial rotation without
+        # a Concat of unequal parts, which ONNX Runtime's CUDA graphs cannot replay.
+        q = q * cos + rotate_interleaved(q) * sin
+        k = k * cos + rotate_interleaved(k) * sin
         qh, kh, vh = (t.reshape(B, -1, self.heads, t.shape[-1] // self.heads).transpose(1, 2) for t in (q, k, v))
         scores = torch.matmul(qh, kh.transpose(2, 3)) / math.sqrt(qh.shape[-1]) + bias
         out = torch.matmul(torch.softmax(scores, dim=-1), vh)
@@ -604,6 +610,7 @@ class DiT(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.dim = c.dim
+        self.inner = c.heads * c.dim_head
         self.time_embed = TimestepEmbedding(c.dim)
         self.input_embed = InputEmbedding(c)
         self.rotary_embed = RotaryEmbedding(c.dim_head)
@@ -620,7 +627,9 @@ class DiT(nn.Module):
         pos = torch.arange(Fr, device=x.device).to(self.rotary_embed.inv_freq.dtype)
         freqs = pos.unsqueeze(1) * self.rotary_embed.inv_freq.unsqueeze(0)
         freqs = torch.stack((freqs, freqs), dim=-1).reshape(Fr, -1).to(x.dtype)   # interleaved
-        cos, sin = freqs.cos(), freqs.sin()
+        rest = self.inner - freqs.shape[-1]
+        cos = F.pad(freqs.cos(), (0, rest), value=1.0)
+        sin = F.pad(freqs.sin(), (0, rest), value=0.0)
         # Additive key mask [B,1,1,F]; -30000 removes a key in float16, where -1e9 overflows.
         big = MASKED if x.dtype == torch.float32 else 30000.0
         bias = ((mask.to(torch.float32) - 1.0) * big).unsqueeze(1).to(x.dtype)
@@ -651,7 +660,10 @@ class CosyVoice3Flow(nn.Module):
         self.decoder = _CFM(c)
 
     def speaker(self, embedding):
-        return self.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+        # Normalized in float32: float16 flushes normalize's epsilon to zero, and a voice without
+        # an embedding (zeros) would give 0/0.
+        e = F.normalize(embedding.to(torch.float32), dim=1)
+        return self.spk_embed_affine_layer(e.to(self.spk_embed_affine_layer.weight.dtype))
 
     def time_span(self):
         t = torch.linspace(0, 1, self.c.steps + 1, dtype=torch.float32)
@@ -670,7 +682,7 @@ class FlowStep(nn.Module):
 
     def forward(self, x, mask, mu, t, dt, cfg, cond, embedding):
         dtype = self.flow.spk_embed_affine_layer.weight.dtype
-        spks = self.flow.speaker(embedding.to(dtype))
+        spks = self.flow.speaker(embedding)
         xd, maskd, mud, condd = x.to(dtype), mask.to(dtype), mu.to(dtype), cond.to(dtype)
         X = torch.cat([xd, xd], dim=0)
         M = torch.cat([maskd, maskd], dim=0)

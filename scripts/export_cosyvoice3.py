@@ -173,7 +173,7 @@ def export_flow(flow, cfg, out, dtype, device):
     c = cfg.flow
     enc = net.FlowEncoder(flow)
     toks = torch.randint(0, c.vocab, (2, 7), device=device)
-    tmask = torch.ones(2, 1, 7, device=device, dtype=dtype)
+    tmask = torch.ones(2, 1, 7, device=device)
     export(enc, (toks, tmask), os.path.join(out, "flow_encoder.onnx"), ["speech_tokens", "token_mask"], ["mu"],
            {"speech_tokens": {0: "B", 1: "N"}, "token_mask": {0: "B", 2: "N"}, "mu": {0: "B", 2: "F"}})
     step = net.FlowStep(flow)

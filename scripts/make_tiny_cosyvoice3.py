@@ -214,13 +214,18 @@ def main():
     flow = net.CosyVoice3Flow(cfg.flow)
     hift = net.CosyVoice3HiFT(cfg.hift)
     # Default initializations give a small network outputs of reasonable size; scale them so the
-    # DiT's gates and HiFT's convolutions pass signal on as trained weights do.
+    # DiT's gates and HiFT's convolutions pass signal on as trained weights do. At full size the
+    # defaults stay: scaled, the 22-layer DiT overflows float16.
     with torch.no_grad():
+        if full:
+            flow_scale = 1.0
+        else:
+            flow_scale = 1.5
         for p in flow.parameters():
             if p.dim() >= 2:
-                p.mul_(1.5)
+                p.mul_(flow_scale)
         for p in hift.parameters():
-            if p.dim() == 3:
+            if p.dim() == 3 and not full:
                 p.normal_(0.0, 0.05)
     llm_state = dict(lm.state_dict())
     llm_state["llm.model.lm_head.weight"] = llm_state["llm.model.model.embed_tokens.weight"]
