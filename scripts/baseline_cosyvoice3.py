@@ -149,21 +149,8 @@ class CosyVoice3Pipeline:
         dev = self.device
         lo, hi = MIN_TOKENS_PER_TEXT_TOKEN * n_text, MAX_TOKENS_PER_TEXT_TOKEN * n_text
         past = [torch.zeros(1, c.kv_heads, 0, c.head_dim, device=dev, dtype=self.dtype)] * (2 * c.layers)
-        ids = torch.tensor([prompt], device=dev)
-        pos = 0
-        for i in range(hi):
-            T = ids.shape[1]
-            out = self.lm(ids, torch.arange(pos, pos + T, device=dev).unsqueeze(0),
-                          torch.ones(1, pos + T, dtype=torch.int64, device=dev), *past)
-            logits, past = out[0][0, -1], list(out[1:])
-            pos += T
-            if i < lo:
-                logits = logits[: c.speech_tokens]  # end of speech not allowed yet
-            tok = int(torch.argmax(logits))
-            if tok == c.speech_tokens:
-                return
-            emit(tok)
-            ids = torch.tensor([[c.text_vocab + tok]], device=dev)
+        web.greedy_decode(torch, self.lm, prompt, past, lo, hi, c.speech_tokens,
+                          lambda tok: c.text_vocab + tok, emit, dev)
 
     def mel(self, voice, tokens, last):
         """The flow over the voice's prompt tokens and tokens: mel [1, mel, frames] after the

@@ -45,6 +45,28 @@ def wav_header(rate):
             b"data" + struct.pack("<I", 0xFFFFFFFF))
 
 
+def greedy_decode(torch, lm, prompt, past, lo, hi, end, input_id, emit, device):
+    """Greedy decoding of one sequence with a key/value cache grown by concatenation, as a Hugging
+    Face decoder does: lm(ids, positions, attention_mask, *past) -> (logits, *presents). End of
+    speech (logit index end) is banned before lo tokens; at most hi tokens; emit gets each token
+    and input_id(token) is the LM's input id for it."""
+    ids = torch.tensor([prompt], device=device)
+    pos = 0
+    for n in range(hi):
+        T = ids.shape[1]
+        out = lm(ids, torch.arange(pos, pos + T, device=device).unsqueeze(0),
+                 torch.ones(1, pos + T, dtype=torch.int64, device=device), *past)
+        logits, past = out[0][0, -1], list(out[1:])
+        pos += T
+        if n < lo:
+            logits = logits[:end]  # end of speech not allowed yet
+        tok = int(torch.argmax(logits))
+        if tok == end:
+            return
+        emit(tok)
+        ids = torch.tensor([[input_id(tok)]], device=device)
+
+
 def worker_main(wid, load, load_args, jobs, results, parent):
     """A worker process: loads the model and serves one request at a time from jobs; it ends when
     told to (None) or when the server process is gone."""

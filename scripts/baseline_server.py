@@ -135,24 +135,8 @@ class EagerPipeline:
         lo, hi = s.bounds(text)
         dev = self.device
         past = [torch.zeros(1, cs.LM_KV_HEADS, 0, cs.LM_HEAD_DIM, device=dev, dtype=self.dtype)] * (2 * cs.LM_LAYERS)
-        ids = torch.tensor([prompt], device=dev)
-        pos, n = 0, 0
-        while True:
-            T = ids.shape[1]
-            out = self.m.lm(ids, torch.arange(pos, pos + T, device=dev).unsqueeze(0),
-                            torch.ones(1, pos + T, dtype=torch.int64, device=dev), *past)
-            logits, past = out[0][0, -1], list(out[1:])
-            pos += T
-            if n < lo:
-                logits = logits[: s.speech_vocab]  # end of speech not allowed yet
-            tok = int(torch.argmax(logits))
-            if tok == s.speech_vocab:
-                return
-            emit(tok)
-            n += 1
-            if n >= hi:
-                return
-            ids = torch.tensor([[tok + s.speech_token_offset]], device=dev)
+        web.greedy_decode(torch, self.m.lm, prompt, past, lo, hi, s.speech_vocab,
+                          lambda tok: tok + s.speech_token_offset, emit, dev)
 
     def flow(self, tokens, noise):
         """Mel [80, frames] for tokens, starting from noise [80, frames]."""

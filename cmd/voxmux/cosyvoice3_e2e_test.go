@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,24 +29,8 @@ func TestEndToEndTinyCosyVoice3(t *testing.T) {
 	}
 	s := startServe(t, cfg, listen)
 
-	resp, err := http.Get(s.url + "/v1/audio/voices")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var voices struct {
-		Model string `json:"model"`
-		Data  []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	err = json.NewDecoder(resp.Body).Decode(&voices)
-	resp.Body.Close()
-	var ids []string
-	for _, v := range voices.Data {
-		ids = append(ids, v.ID)
-	}
-	if err != nil || voices.Model != "cosyvoice3" || !slices.Equal(ids, []string{"default", "bench"}) {
-		t.Fatalf("voices: model %q, %v (%v); want cosyvoice3 with default and bench", voices.Model, ids, err)
+	if model, ids := listVoices(t, s.url); model != "cosyvoice3" || !slices.Equal(ids, []string{"default", "bench"}) {
+		t.Fatalf("voices: model %q, %v; want cosyvoice3 with default and bench", model, ids)
 	}
 
 	wav := func(voice string) []byte {
