@@ -139,6 +139,25 @@ func (s *Service) Synthesize(ctx context.Context, req tts.Request, emit func(tts
 	return e.Synthesize(ctx, req, emit)
 }
 
+// VoiceExtractor is a Runner whose model makes voices from reference clips (tts.Description's
+// Cloning).
+type VoiceExtractor interface {
+	ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error)
+}
+
+// ExtractVoice computes a voice prompt from a clip with the loaded model, when it can.
+func (s *Service) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
+	e := s.engine()
+	if e == nil {
+		return tts.VoicePrompt{}, &tts.Error{Kind: tts.ErrNotReady, Msg: "instance has no pipeline loaded"}
+	}
+	x, ok := e.(VoiceExtractor)
+	if !ok {
+		return tts.VoicePrompt{}, tts.Invalid("this model does not make voices from reference audio")
+	}
+	return x.ExtractVoice(ctx, clip)
+}
+
 // Health reports whether a pipeline is loaded and how busy the instance is.
 func (s *Service) Health(context.Context) (tts.Health, error) {
 	if s.engine() == nil {

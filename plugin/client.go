@@ -46,7 +46,7 @@ func (c *grpcClient) Load(ctx context.Context, cfg tts.LoadConfig) (tts.Info, er
 func (c *grpcClient) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the server's stream when emit fails
-	st, err := c.c.Synthesize(ctx, &proto.SynthesizeRequest{RequestId: req.ID, Text: req.Text, Voice: req.Voice, Speed: req.Speed, Seed: req.Seed, Instructions: req.Instructions})
+	st, err := c.c.Synthesize(ctx, &proto.SynthesizeRequest{RequestId: req.ID, Text: req.Text, Voice: req.Voice, Speed: req.Speed, Seed: req.Seed, Instructions: req.Instructions, Prompt: promptToProto(req.Prompt)})
 	if err != nil {
 		return fromStatus(err)
 	}
@@ -66,6 +66,14 @@ func (c *grpcClient) Synthesize(ctx context.Context, req tts.Request, emit func(
 			return err
 		}
 	}
+}
+
+func (c *grpcClient) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
+	r, err := c.c.ExtractVoice(ctx, &proto.VoiceClip{PcmF32Le: encodeF32(clip.PCM), SampleRate: uint32(clip.SampleRate), Text: clip.Text})
+	if err != nil {
+		return tts.VoicePrompt{}, fromStatus(err)
+	}
+	return *promptFromProto(r), nil
 }
 
 func (c *grpcClient) Health(ctx context.Context) (tts.Health, error) {

@@ -53,3 +53,19 @@ func engineFromProto(p *proto.EngineOptions) tts.EngineOptions {
 	}
 	return o
 }
+
+func promptToProto(p *tts.VoicePrompt) *proto.VoicePrompt {
+	if p == nil {
+		return nil
+	}
+	return &proto.VoicePrompt{Text: p.Text, SpeechTokens: p.SpeechTokens, MelF32Le: encodeF32(p.Mel),
+		MelBins: uint32(p.MelBins), EmbeddingF32Le: encodeF32(p.Embedding)}
+}
+
+func promptFromProto(p *proto.VoicePrompt) *tts.VoicePrompt {
+	if p == nil {
+		return nil
+	}
+	return &tts.VoicePrompt{Text: p.Text, SpeechTokens: p.SpeechTokens, Mel: decodeF32(p.MelF32Le),
+		MelBins: int(p.MelBins), Embedding: decodeF32(p.EmbeddingF32Le)}
+}

@@ -48,7 +48,7 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 }
 
 func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_SynthesizeServer) error {
-	req := tts.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions}
+	req := tts.Request{ID: r.RequestId, Text: r.Text, Voice: r.Voice, Speed: r.Speed, Seed: r.Seed, Instructions: r.Instructions, Prompt: promptFromProto(r.Prompt)}
 	err := s.impl.Synthesize(out.Context(), req, func(c tts.Chunk) error {
 		m := &proto.AudioChunk{PcmF32Le: encodeF32(c.PCM), SampleRate: uint32(c.SampleRate), Index: uint32(c.Index)}
 		if c.Text != nil {
@@ -57,6 +57,14 @@ func (s *grpcServer) Synthesize(r *proto.SynthesizeRequest, out proto.Instance_S
 		return out.Send(m)
 	})
 	return toStatus(err)
+}
+
+func (s *grpcServer) ExtractVoice(ctx context.Context, r *proto.VoiceClip) (*proto.VoicePrompt, error) {
+	p, err := s.impl.ExtractVoice(ctx, tts.VoiceClip{PCM: decodeF32(r.PcmF32Le), SampleRate: int(r.SampleRate), Text: r.Text})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return promptToProto(&p), nil
 }
 
 func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto.HealthResponse, error) {

@@ -10,6 +10,7 @@ type MockInstance struct {
 	LoadF       func(context.Context, LoadConfig) (Info, error)
 	SynthesizeF func(context.Context, Request, func(Chunk) error) error
 	HealthF     func(context.Context) (Health, error)
+	ExtractF    func(context.Context, VoiceClip) (VoicePrompt, error)
 }
 
 var _ Instance = (*MockInstance)(nil)
@@ -33,4 +34,11 @@ func (m *MockInstance) Health(ctx context.Context) (Health, error) {
 		return Health{}, errors.New("mock: Health not set")
 	}
 	return m.HealthF(ctx)
+}
+
+func (m *MockInstance) ExtractVoice(ctx context.Context, clip VoiceClip) (VoicePrompt, error) {
+	if m.ExtractF == nil {
+		return VoicePrompt{}, errors.New("mock: ExtractVoice not set")
+	}
+	return m.ExtractF(ctx, clip)
 }

@@ -16,6 +16,31 @@ type Instance interface {
 	Synthesize(ctx context.Context, req Request, emit func(Chunk) error) error
 	// Health is the instance's own view of itself.
 	Health(ctx context.Context) (Health, error)
+	// ExtractVoice computes a zero-shot voice prompt from a reference clip, for models whose
+	// Description says Cloning; others return an invalid-request error.
+	ExtractVoice(ctx context.Context, clip VoiceClip) (VoicePrompt, error)
+}
+
+// VoiceClip is reference audio and its transcript, from which a cloning model makes a voice.
+type VoiceClip struct {
+	PCM        []float32 // mono, in [-1, 1]
+	SampleRate int
+	Text       string // what is said in the clip
+}
+
+// VoicePrompt is a voice a cloning model speaks in: what it conditions on, computed once from a
+// reference clip (docs/pipeline.md, "Voices", gives CosyVoice3's meaning of each field).
+type VoicePrompt struct {
+	Text         string    // the prompt text: an instruction and the clip's transcript
+	SpeechTokens []int64   // the clip's speech tokens
+	Mel          []float32 // the clip's mel, frame-major [frames][MelBins]
+	MelBins      int
+	Embedding    []float32 // the speaker embedding
+}
+
+// Bytes is about what the prompt holds in memory, for caches that bound their size.
+func (p *VoicePrompt) Bytes() int {
+	return len(p.Text) + 8*len(p.SpeechTokens) + 4*len(p.Mel) + 4*len(p.Embedding)
 }
 
 // Request is one synthesis request as the router hands it to an instance.
@@ -31,6 +56,8 @@ type Request struct {
 	// Instructions (OpenAI's: tone, accent, pace) reach only models whose Description says
 	// they take them.
 	Instructions string
+	// Prompt, when set, is the voice to speak in (a cloned voice) in place of the built-in Voice.
+	Prompt *VoicePrompt
 }
 
 // Chunk is a piece of mono float32 audio, in order.
@@ -62,4 +89,7 @@ type Description struct {
 	// Instructions is true when the model follows a request's "instructions" (no kind served
 	// today does; the router drops them for the others).
 	Instructions bool
+	// Cloning is true when the model makes voices from reference clips (ExtractVoice) and speaks
+	// in a request's Prompt.
+	Cloning bool
 }

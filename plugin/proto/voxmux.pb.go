@@ -24,6 +24,144 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Reference audio and its transcript (tts.VoiceClip).
+type VoiceClip struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	PcmF32Le      []byte                 `protobuf:"bytes,1,opt,name=pcm_f32le,json=pcmF32le,proto3" json:"pcm_f32le,omitempty"` // mono float32 little-endian samples
+	SampleRate    uint32                 `protobuf:"varint,2,opt,name=sample_rate,json=sampleRate,proto3" json:"sample_rate,omitempty"`
+	Text          string                 `protobuf:"bytes,3,opt,name=text,proto3" json:"text,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VoiceClip) Reset() {
+	*x = VoiceClip{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VoiceClip) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VoiceClip) ProtoMessage() {}
+
+func (x *VoiceClip) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VoiceClip.ProtoReflect.Descriptor instead.
+func (*VoiceClip) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *VoiceClip) GetPcmF32Le() []byte {
+	if x != nil {
+		return x.PcmF32Le
+	}
+	return nil
+}
+
+func (x *VoiceClip) GetSampleRate() uint32 {
+	if x != nil {
+		return x.SampleRate
+	}
+	return 0
+}
+
+func (x *VoiceClip) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+// A cloned voice (tts.VoicePrompt).
+type VoicePrompt struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Text           string                 `protobuf:"bytes,1,opt,name=text,proto3" json:"text,omitempty"`
+	SpeechTokens   []int64                `protobuf:"varint,2,rep,packed,name=speech_tokens,json=speechTokens,proto3" json:"speech_tokens,omitempty"`
+	MelF32Le       []byte                 `protobuf:"bytes,3,opt,name=mel_f32le,json=melF32le,proto3" json:"mel_f32le,omitempty"` // frame-major [frames][mel_bins]
+	MelBins        uint32                 `protobuf:"varint,4,opt,name=mel_bins,json=melBins,proto3" json:"mel_bins,omitempty"`
+	EmbeddingF32Le []byte                 `protobuf:"bytes,5,opt,name=embedding_f32le,json=embeddingF32le,proto3" json:"embedding_f32le,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *VoicePrompt) Reset() {
+	*x = VoicePrompt{}
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VoicePrompt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VoicePrompt) ProtoMessage() {}
+
+func (x *VoicePrompt) ProtoReflect() protoreflect.Message {
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VoicePrompt.ProtoReflect.Descriptor instead.
+func (*VoicePrompt) Descriptor() ([]byte, []int) {
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *VoicePrompt) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *VoicePrompt) GetSpeechTokens() []int64 {
+	if x != nil {
+		return x.SpeechTokens
+	}
+	return nil
+}
+
+func (x *VoicePrompt) GetMelF32Le() []byte {
+	if x != nil {
+		return x.MelF32Le
+	}
+	return nil
+}
+
+func (x *VoicePrompt) GetMelBins() uint32 {
+	if x != nil {
+		return x.MelBins
+	}
+	return 0
+}
+
+func (x *VoicePrompt) GetEmbeddingF32Le() []byte {
+	if x != nil {
+		return x.EmbeddingF32Le
+	}
+	return nil
+}
+
 type LoadRequest struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Manifest        string                 `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`                                                                                                                // path of the pipeline manifest
@@ -40,7 +178,7 @@ type LoadRequest struct {
 
 func (x *LoadRequest) Reset() {
 	*x = LoadRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[0]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +190,7 @@ func (x *LoadRequest) String() string {
 func (*LoadRequest) ProtoMessage() {}
 
 func (x *LoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[0]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +203,7 @@ func (x *LoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRequest.ProtoReflect.Descriptor instead.
 func (*LoadRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{0}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LoadRequest) GetManifest() string {
@@ -147,7 +285,7 @@ type EngineOptions struct {
 
 func (x *EngineOptions) Reset() {
 	*x = EngineOptions{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -159,7 +297,7 @@ func (x *EngineOptions) String() string {
 func (*EngineOptions) ProtoMessage() {}
 
 func (x *EngineOptions) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[1]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -172,7 +310,7 @@ func (x *EngineOptions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineOptions.ProtoReflect.Descriptor instead.
 func (*EngineOptions) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{1}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *EngineOptions) GetVocoderBatches() []int32 {
@@ -284,7 +422,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -296,7 +434,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[2]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -309,7 +447,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{2}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LoadResponse) GetCudaVisibleDevices() string {
@@ -339,7 +477,7 @@ type Gpu struct {
 
 func (x *Gpu) Reset() {
 	*x = Gpu{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +489,7 @@ func (x *Gpu) String() string {
 func (*Gpu) ProtoMessage() {}
 
 func (x *Gpu) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +502,7 @@ func (x *Gpu) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Gpu.ProtoReflect.Descriptor instead.
 func (*Gpu) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Gpu) GetIndex() uint32 {
@@ -403,14 +541,15 @@ type SynthesizeRequest struct {
 	Speed     float32                `protobuf:"fixed32,4,opt,name=speed,proto3" json:"speed,omitempty"`
 	Seed      uint64                 `protobuf:"varint,5,opt,name=seed,proto3" json:"seed,omitempty"`
 	// How to speak (OpenAI's "instructions"); sent only to models that declare they take it.
-	Instructions  string `protobuf:"bytes,6,opt,name=instructions,proto3" json:"instructions,omitempty"`
+	Instructions  string       `protobuf:"bytes,6,opt,name=instructions,proto3" json:"instructions,omitempty"`
+	Prompt        *VoicePrompt `protobuf:"bytes,7,opt,name=prompt,proto3" json:"prompt,omitempty"` // a cloned voice to speak in, in place of voice
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SynthesizeRequest) Reset() {
 	*x = SynthesizeRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +561,7 @@ func (x *SynthesizeRequest) String() string {
 func (*SynthesizeRequest) ProtoMessage() {}
 
 func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[4]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +574,7 @@ func (x *SynthesizeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SynthesizeRequest.ProtoReflect.Descriptor instead.
 func (*SynthesizeRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{4}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SynthesizeRequest) GetRequestId() string {
@@ -480,6 +619,13 @@ func (x *SynthesizeRequest) GetInstructions() string {
 	return ""
 }
 
+func (x *SynthesizeRequest) GetPrompt() *VoicePrompt {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
 type AudioChunk struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	PcmF32Le      []byte                 `protobuf:"bytes,1,opt,name=pcm_f32le,json=pcmF32le,proto3" json:"pcm_f32le,omitempty"` // mono float32 little-endian samples
@@ -492,7 +638,7 @@ type AudioChunk struct {
 
 func (x *AudioChunk) Reset() {
 	*x = AudioChunk{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +650,7 @@ func (x *AudioChunk) String() string {
 func (*AudioChunk) ProtoMessage() {}
 
 func (x *AudioChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[5]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +663,7 @@ func (x *AudioChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AudioChunk.ProtoReflect.Descriptor instead.
 func (*AudioChunk) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{5}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AudioChunk) GetPcmF32Le() []byte {
@@ -559,7 +705,7 @@ type TextSpan struct {
 
 func (x *TextSpan) Reset() {
 	*x = TextSpan{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -571,7 +717,7 @@ func (x *TextSpan) String() string {
 func (*TextSpan) ProtoMessage() {}
 
 func (x *TextSpan) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[6]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -584,7 +730,7 @@ func (x *TextSpan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextSpan.ProtoReflect.Descriptor instead.
 func (*TextSpan) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{6}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TextSpan) GetStart() uint32 {
@@ -609,7 +755,7 @@ type HealthRequest struct {
 
 func (x *HealthRequest) Reset() {
 	*x = HealthRequest{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -621,7 +767,7 @@ func (x *HealthRequest) String() string {
 func (*HealthRequest) ProtoMessage() {}
 
 func (x *HealthRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[7]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -634,7 +780,7 @@ func (x *HealthRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthRequest.ProtoReflect.Descriptor instead.
 func (*HealthRequest) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{7}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{9}
 }
 
 type HealthResponse struct {
@@ -655,7 +801,7 @@ type HealthResponse struct {
 
 func (x *HealthResponse) Reset() {
 	*x = HealthResponse{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -667,7 +813,7 @@ func (x *HealthResponse) String() string {
 func (*HealthResponse) ProtoMessage() {}
 
 func (x *HealthResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[8]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -680,7 +826,7 @@ func (x *HealthResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthResponse.ProtoReflect.Descriptor instead.
 func (*HealthResponse) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{8}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HealthResponse) GetReady() bool {
@@ -745,7 +891,7 @@ type StageStats struct {
 
 func (x *StageStats) Reset() {
 	*x = StageStats{}
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -757,7 +903,7 @@ func (x *StageStats) String() string {
 func (*StageStats) ProtoMessage() {}
 
 func (x *StageStats) ProtoReflect() protoreflect.Message {
-	mi := &file_plugin_proto_voxmux_proto_msgTypes[9]
+	mi := &file_plugin_proto_voxmux_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -770,7 +916,7 @@ func (x *StageStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StageStats.ProtoReflect.Descriptor instead.
 func (*StageStats) Descriptor() ([]byte, []int) {
-	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{9}
+	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StageStats) GetStage() string {
@@ -812,7 +958,18 @@ var File_plugin_proto_voxmux_proto protoreflect.FileDescriptor
 
 const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\n" +
-	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"\xad\x03\n" +
+	"\x19plugin/proto/voxmux.proto\x12\x10voxmux.plugin.v1\"]\n" +
+	"\tVoiceClip\x12\x1b\n" +
+	"\tpcm_f32le\x18\x01 \x01(\fR\bpcmF32le\x12\x1f\n" +
+	"\vsample_rate\x18\x02 \x01(\rR\n" +
+	"sampleRate\x12\x12\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\xa7\x01\n" +
+	"\vVoicePrompt\x12\x12\n" +
+	"\x04text\x18\x01 \x01(\tR\x04text\x12#\n" +
+	"\rspeech_tokens\x18\x02 \x03(\x03R\fspeechTokens\x12\x1b\n" +
+	"\tmel_f32le\x18\x03 \x01(\fR\bmelF32le\x12\x19\n" +
+	"\bmel_bins\x18\x04 \x01(\rR\amelBins\x12'\n" +
+	"\x0fembedding_f32le\x18\x05 \x01(\fR\x0eembeddingF32le\"\xad\x03\n" +
 	"\vLoadRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
@@ -851,7 +1008,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04uuid\x18\x02 \x01(\tR\x04uuid\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12!\n" +
-	"\fmemory_total\x18\x04 \x01(\x04R\vmemoryTotal\"\xaa\x01\n" +
+	"\fmemory_total\x18\x04 \x01(\x04R\vmemoryTotal\"\xe1\x01\n" +
 	"\x11SynthesizeRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x12\n" +
@@ -859,7 +1016,8 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x05voice\x18\x03 \x01(\tR\x05voice\x12\x14\n" +
 	"\x05speed\x18\x04 \x01(\x02R\x05speed\x12\x12\n" +
 	"\x04seed\x18\x05 \x01(\x04R\x04seed\x12\"\n" +
-	"\finstructions\x18\x06 \x01(\tR\finstructions\"\x90\x01\n" +
+	"\finstructions\x18\x06 \x01(\tR\finstructions\x125\n" +
+	"\x06prompt\x18\a \x01(\v2\x1d.voxmux.plugin.v1.VoicePromptR\x06prompt\"\x90\x01\n" +
 	"\n" +
 	"AudioChunk\x12\x1b\n" +
 	"\tpcm_f32le\x18\x01 \x01(\fR\bpcmF32le\x12\x1f\n" +
@@ -885,12 +1043,13 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\abatches\x18\x02 \x01(\x04R\abatches\x12\x14\n" +
 	"\x05items\x18\x03 \x01(\x04R\x05items\x12\x17\n" +
 	"\abusy_ns\x18\x04 \x01(\x04R\x06busyNs\x12\x17\n" +
-	"\await_ns\x18\x05 \x01(\x04R\x06waitNs2\xf1\x01\n" +
+	"\await_ns\x18\x05 \x01(\x04R\x06waitNs2\xbd\x02\n" +
 	"\bInstance\x12E\n" +
 	"\x04Load\x12\x1d.voxmux.plugin.v1.LoadRequest\x1a\x1e.voxmux.plugin.v1.LoadResponse\x12Q\n" +
 	"\n" +
 	"Synthesize\x12#.voxmux.plugin.v1.SynthesizeRequest\x1a\x1c.voxmux.plugin.v1.AudioChunk0\x01\x12K\n" +
-	"\x06Health\x12\x1f.voxmux.plugin.v1.HealthRequest\x1a .voxmux.plugin.v1.HealthResponseB'Z%github.com/voxmux/voxmux/plugin/protob\x06proto3"
+	"\x06Health\x12\x1f.voxmux.plugin.v1.HealthRequest\x1a .voxmux.plugin.v1.HealthResponse\x12J\n" +
+	"\fExtractVoice\x12\x1b.voxmux.plugin.v1.VoiceClip\x1a\x1d.voxmux.plugin.v1.VoicePromptB'Z%github.com/voxmux/voxmux/plugin/protob\x06proto3"
 
 var (
 	file_plugin_proto_voxmux_proto_rawDescOnce sync.Once
@@ -904,37 +1063,42 @@ func file_plugin_proto_voxmux_proto_rawDescGZIP() []byte {
 	return file_plugin_proto_voxmux_proto_rawDescData
 }
 
-var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_plugin_proto_voxmux_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_plugin_proto_voxmux_proto_goTypes = []any{
-	(*LoadRequest)(nil),       // 0: voxmux.plugin.v1.LoadRequest
-	(*EngineOptions)(nil),     // 1: voxmux.plugin.v1.EngineOptions
-	(*LoadResponse)(nil),      // 2: voxmux.plugin.v1.LoadResponse
-	(*Gpu)(nil),               // 3: voxmux.plugin.v1.Gpu
-	(*SynthesizeRequest)(nil), // 4: voxmux.plugin.v1.SynthesizeRequest
-	(*AudioChunk)(nil),        // 5: voxmux.plugin.v1.AudioChunk
-	(*TextSpan)(nil),          // 6: voxmux.plugin.v1.TextSpan
-	(*HealthRequest)(nil),     // 7: voxmux.plugin.v1.HealthRequest
-	(*HealthResponse)(nil),    // 8: voxmux.plugin.v1.HealthResponse
-	(*StageStats)(nil),        // 9: voxmux.plugin.v1.StageStats
-	nil,                       // 10: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	(*VoiceClip)(nil),         // 0: voxmux.plugin.v1.VoiceClip
+	(*VoicePrompt)(nil),       // 1: voxmux.plugin.v1.VoicePrompt
+	(*LoadRequest)(nil),       // 2: voxmux.plugin.v1.LoadRequest
+	(*EngineOptions)(nil),     // 3: voxmux.plugin.v1.EngineOptions
+	(*LoadResponse)(nil),      // 4: voxmux.plugin.v1.LoadResponse
+	(*Gpu)(nil),               // 5: voxmux.plugin.v1.Gpu
+	(*SynthesizeRequest)(nil), // 6: voxmux.plugin.v1.SynthesizeRequest
+	(*AudioChunk)(nil),        // 7: voxmux.plugin.v1.AudioChunk
+	(*TextSpan)(nil),          // 8: voxmux.plugin.v1.TextSpan
+	(*HealthRequest)(nil),     // 9: voxmux.plugin.v1.HealthRequest
+	(*HealthResponse)(nil),    // 10: voxmux.plugin.v1.HealthResponse
+	(*StageStats)(nil),        // 11: voxmux.plugin.v1.StageStats
+	nil,                       // 12: voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
-	10, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
-	1,  // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
-	3,  // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
-	6,  // 3: voxmux.plugin.v1.AudioChunk.text:type_name -> voxmux.plugin.v1.TextSpan
-	9,  // 4: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
-	0,  // 5: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
-	4,  // 6: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
-	7,  // 7: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
-	2,  // 8: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
-	5,  // 9: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
-	8,  // 10: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
-	8,  // [8:11] is the sub-list for method output_type
-	5,  // [5:8] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	12, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
+	3,  // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
+	5,  // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
+	1,  // 3: voxmux.plugin.v1.SynthesizeRequest.prompt:type_name -> voxmux.plugin.v1.VoicePrompt
+	8,  // 4: voxmux.plugin.v1.AudioChunk.text:type_name -> voxmux.plugin.v1.TextSpan
+	11, // 5: voxmux.plugin.v1.HealthResponse.stages:type_name -> voxmux.plugin.v1.StageStats
+	2,  // 6: voxmux.plugin.v1.Instance.Load:input_type -> voxmux.plugin.v1.LoadRequest
+	6,  // 7: voxmux.plugin.v1.Instance.Synthesize:input_type -> voxmux.plugin.v1.SynthesizeRequest
+	9,  // 8: voxmux.plugin.v1.Instance.Health:input_type -> voxmux.plugin.v1.HealthRequest
+	0,  // 9: voxmux.plugin.v1.Instance.ExtractVoice:input_type -> voxmux.plugin.v1.VoiceClip
+	4,  // 10: voxmux.plugin.v1.Instance.Load:output_type -> voxmux.plugin.v1.LoadResponse
+	7,  // 11: voxmux.plugin.v1.Instance.Synthesize:output_type -> voxmux.plugin.v1.AudioChunk
+	10, // 12: voxmux.plugin.v1.Instance.Health:output_type -> voxmux.plugin.v1.HealthResponse
+	1,  // 13: voxmux.plugin.v1.Instance.ExtractVoice:output_type -> voxmux.plugin.v1.VoicePrompt
+	10, // [10:14] is the sub-list for method output_type
+	6,  // [6:10] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_plugin_proto_voxmux_proto_init() }
@@ -948,7 +1112,7 @@ func file_plugin_proto_voxmux_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_plugin_proto_voxmux_proto_rawDesc), len(file_plugin_proto_voxmux_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

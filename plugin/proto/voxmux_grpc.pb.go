@@ -22,9 +22,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Instance_Load_FullMethodName       = "/voxmux.plugin.v1.Instance/Load"
-	Instance_Synthesize_FullMethodName = "/voxmux.plugin.v1.Instance/Synthesize"
-	Instance_Health_FullMethodName     = "/voxmux.plugin.v1.Instance/Health"
+	Instance_Load_FullMethodName         = "/voxmux.plugin.v1.Instance/Load"
+	Instance_Synthesize_FullMethodName   = "/voxmux.plugin.v1.Instance/Synthesize"
+	Instance_Health_FullMethodName       = "/voxmux.plugin.v1.Instance/Health"
+	Instance_ExtractVoice_FullMethodName = "/voxmux.plugin.v1.Instance/ExtractVoice"
 )
 
 // InstanceClient is the client API for Instance service.
@@ -36,6 +37,8 @@ type InstanceClient interface {
 	// Synthesize streams audio chunks as the pipeline produces them.
 	Synthesize(ctx context.Context, in *SynthesizeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AudioChunk], error)
 	Health(ctx context.Context, in *HealthRequest, opts ...grpc.CallOption) (*HealthResponse, error)
+	// ExtractVoice computes a zero-shot voice prompt from a reference clip (cloning models only).
+	ExtractVoice(ctx context.Context, in *VoiceClip, opts ...grpc.CallOption) (*VoicePrompt, error)
 }
 
 type instanceClient struct {
@@ -85,6 +88,16 @@ func (c *instanceClient) Health(ctx context.Context, in *HealthRequest, opts ...
 	return out, nil
 }
 
+func (c *instanceClient) ExtractVoice(ctx context.Context, in *VoiceClip, opts ...grpc.CallOption) (*VoicePrompt, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VoicePrompt)
+	err := c.cc.Invoke(ctx, Instance_ExtractVoice_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // InstanceServer is the server API for Instance service.
 // All implementations must embed UnimplementedInstanceServer
 // for forward compatibility.
@@ -94,6 +107,8 @@ type InstanceServer interface {
 	// Synthesize streams audio chunks as the pipeline produces them.
 	Synthesize(*SynthesizeRequest, grpc.ServerStreamingServer[AudioChunk]) error
 	Health(context.Context, *HealthRequest) (*HealthResponse, error)
+	// ExtractVoice computes a zero-shot voice prompt from a reference clip (cloning models only).
+	ExtractVoice(context.Context, *VoiceClip) (*VoicePrompt, error)
 	mustEmbedUnimplementedInstanceServer()
 }
 
@@ -112,6 +127,9 @@ func (UnimplementedInstanceServer) Synthesize(*SynthesizeRequest, grpc.ServerStr
 }
 func (UnimplementedInstanceServer) Health(context.Context, *HealthRequest) (*HealthResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Health not implemented")
+}
+func (UnimplementedInstanceServer) ExtractVoice(context.Context, *VoiceClip) (*VoicePrompt, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExtractVoice not implemented")
 }
 func (UnimplementedInstanceServer) mustEmbedUnimplementedInstanceServer() {}
 func (UnimplementedInstanceServer) testEmbeddedByValue()                  {}
@@ -181,6 +199,24 @@ func _Instance_Health_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Instance_ExtractVoice_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VoiceClip)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InstanceServer).ExtractVoice(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Instance_ExtractVoice_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InstanceServer).ExtractVoice(ctx, req.(*VoiceClip))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Instance_ServiceDesc is the grpc.ServiceDesc for Instance service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -195,6 +231,10 @@ var Instance_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Health",
 			Handler:    _Instance_Health_Handler,
+		},
+		{
+			MethodName: "ExtractVoice",
+			Handler:    _Instance_ExtractVoice_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
