@@ -110,3 +110,29 @@ func TestLoadAPIKeys(t *testing.T) {
 		t.Errorf("a malformed key file must fail without echoing the key: %v", err)
 	}
 }
+
+func TestAPIKeyRights(t *testing.T) {
+	dir := t.TempDir()
+	cfgFile := filepath.Join(dir, "voxmux.yaml")
+	os.WriteFile(filepath.Join(dir, "keys.txt"), []byte("sk-plain\nsk-admin voices # may clone\n"), 0o600)
+	c, err := Parse(cfgFile, []byte("model: m.yaml\ngroups:\n  - name: a\napi_keys: {file: keys.txt, env: K}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rights, err := c.LoadAPIKeyRights(func(string) string { return "sk-env" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := KeysWith(rights, RightVoices); !reflect.DeepEqual(got, map[string]struct{}{"sk-admin": {}}) {
+		t.Fatalf("voices keys %v", got)
+	}
+	keys, err := c.LoadAPIKeys(func(string) string { return "sk-env" })
+	if err != nil || len(keys) != 3 {
+		t.Fatalf("every key may speak: %v %v", keys, err)
+	}
+	os.WriteFile(filepath.Join(dir, "bad.txt"), []byte("sk-secret sk-other\n"), 0o600)
+	c.APIKeys = APIKeys{File: "bad.txt"}
+	if _, err := c.LoadAPIKeyRights(nil); err == nil || strings.Contains(err.Error(), "sk-") || !strings.Contains(err.Error(), "line 1") {
+		t.Fatalf("an unknown right: %v", err)
+	}
+}

@@ -58,6 +58,8 @@ type Config struct {
 	CORS CORS `yaml:"cors"`
 	// Realtime tunes WS /v1/audio/speech/stream (config/realtime.go).
 	Realtime Realtime `yaml:"realtime"`
+	// Voices is the library of cloned voices (config/voices.go).
+	Voices Voices `yaml:"voices"`
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
@@ -156,6 +158,7 @@ func (c *Config) applyDefaults() {
 	c.applyOpsDefaults()
 	c.applyHTTPDefaults()
 	c.applyRealtimeDefaults()
+	c.applyVoicesDefaults()
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		if g.Instances == 0 {
@@ -257,6 +260,9 @@ func (c *Config) validate() error {
 		return err
 	}
 	if err := c.validateRealtime(); err != nil {
+		return err
+	}
+	if err := c.validateVoices(); err != nil {
 		return err
 	}
 	return c.validateAPI()

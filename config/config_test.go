@@ -106,6 +106,7 @@ groups:
 			got.Queue, got.Admin, got.Restart, got.Shutdown, got.Liveness, got.WriteTimeout = Queue{}, Admin{}, Restart{}, Shutdown{}, Liveness{}, 0
 			got.CORS = CORS{} // TestCORS
 			got.Realtime = Realtime{}
+			got.Voices = Voices{} // TestVoices
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}
