@@ -55,7 +55,7 @@ func (s *Server) preflight(ctx *fasthttp.RequestCtx) bool {
 		return true // no CORS headers: the browser refuses the call
 	}
 	ctx.Response.Header.Set("Access-Control-Allow-Origin", allow)
-	ctx.Response.Header.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS")
+	ctx.Response.Header.Set("Access-Control-Allow-Methods", "GET, HEAD, POST, DELETE, OPTIONS")
 	headers := corsHeaders
 	if h := string(ctx.Request.Header.Peek("Access-Control-Request-Headers")); h != "" && len(h) <= 1024 && isHeaderList(h) {
 		headers = h

@@ -64,6 +64,8 @@ type Model struct {
 	NativeSpeed bool
 	// Instructions is true when the model follows a request's "instructions".
 	Instructions bool
+	// Cloning is true when the model makes voices from reference clips and speaks in them.
+	Cloning bool
 }
 
 // QueueOptions bound the wait for a free instance.

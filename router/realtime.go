@@ -124,6 +124,7 @@ type wsSession struct {
 	// Set by session.config, read-only after.
 	configured bool
 	voice      string
+	prompt     *tts.VoicePrompt // a library voice's
 	format     string
 	rate       int // of pcm output
 	seed       uint64
@@ -372,7 +373,7 @@ func (ss *wsSession) config(m wsIn) {
 		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", m.Model, model.Name))
 		return
 	}
-	voice, aerr := pickVoice(m.Voice, model.Voices)
+	voice, prompt, aerr := ss.s.pickVoice(m.Voice)
 	if aerr != nil {
 		ss.fail(nil, "invalid_voice", aerr.Message)
 		return
@@ -408,7 +409,7 @@ func (ss *wsSession) config(m wsIn) {
 	if m.Seed != nil {
 		ss.seed = *m.Seed
 	}
-	ss.configured, ss.voice, ss.format, ss.rate = true, voice, format, rate
+	ss.configured, ss.voice, ss.prompt, ss.format, ss.rate = true, voice, prompt, format, rate
 	created := map[string]any{"type": "session.created", "session_id": ss.id, "model": model.Name, "voice": voice,
 		"response_format": format, "audio_encoding": map[bool]string{true: "binary", false: "base64"}[ss.binary],
 		"min_chars": ss.opt.MinChars, "max_chars": ss.opt.MaxChars}
@@ -543,7 +544,7 @@ func (ss *wsSession) run(c *wsContext) {
 // start sends seg to the pool as one request.
 func (ss *wsSession) start(c *wsContext, seg *wsSegment) {
 	ctx, cancel := context.WithTimeout(c.ctx, ss.s.o.RequestTimeout)
-	req := tts.Request{ID: fmt.Sprintf("%s/%s/%d", ss.id, c.id, seg.index), Text: seg.text, Voice: ss.voice, Speed: 1,
+	req := tts.Request{ID: fmt.Sprintf("%s/%s/%d", ss.id, c.id, seg.index), Text: seg.text, Voice: ss.voice, Prompt: ss.prompt, Speed: 1,
 		Seed: segmentSeed(ss.seed, seg.index)}
 	seg.st, seg.cancel = ss.s.startStream(ctx, req), cancel
 }

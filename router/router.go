@@ -19,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/voxmux/voxmux/router/voicelib"
 )
 
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
@@ -52,7 +54,16 @@ type Options struct {
 	GroupExtra func(g *Group) map[string]any
 	// Realtime tunes WS /v1/audio/speech/stream; zero values take config.Realtime's defaults.
 	Realtime RealtimeOptions
-	Logger   *slog.Logger
+	// Voices is the library of cloned voices; nil: there is none (ad hoc cloning with ref_audio
+	// still works on a model that clones).
+	Voices *voicelib.Library
+	// MaxUploadBytes bounds an uploaded reference clip; 0: DefaultMaxUploadBytes.
+	MaxUploadBytes int
+	// AdminToken, when set, may create and delete library voices, as may VoiceKeys. With neither
+	// set and no APIKeys, anyone may.
+	AdminToken string
+	VoiceKeys  map[string]struct{}
+	Logger     *slog.Logger
 }
 
 // Server is the router's HTTP server.
@@ -77,6 +88,9 @@ func New(o Options) *Server {
 	if o.RequestTimeout == 0 {
 		o.RequestTimeout = 10 * time.Minute
 	}
+	if o.MaxUploadBytes == 0 {
+		o.MaxUploadBytes = DefaultMaxUploadBytes
+	}
 	s := &Server{o: o, recent: newRecentRing(100), started: time.Now()}
 	for k := range o.APIKeys {
 		s.keys = append(s.keys, []byte(k))
@@ -87,9 +101,9 @@ func New(o Options) *Server {
 	s.srv = &fasthttp.Server{
 		Handler: s.Handler,
 		Name:    "voxmux",
-		// Well over the API limit, so that fasthttp reads an oversized body whole and we answer
+		// Well over the API limits, so that fasthttp reads an oversized body whole and we answer
 		// 413 in OpenAI's shape; beyond this fasthttp's ErrorHandler answers and closes.
-		MaxRequestBodySize: 16 * MaxBodyBytes,
+		MaxRequestBodySize: max(16*MaxBodyBytes, 2*uploadBodyBytes(o.MaxUploadBytes)),
 		ReadBufferSize:     ReadBufferSize,
 		ErrorHandler:       s.readError,
 		ReadTimeout:        30 * time.Second,
@@ -168,6 +182,9 @@ func routeOf(path string) string {
 	if strings.HasPrefix(path, "/v1/models/") {
 		return "/v1/models"
 	}
+	if strings.HasPrefix(path, "/v1/audio/voices/") {
+		return "/v1/audio/voices"
+	}
 	if strings.HasPrefix(path, "/status/") {
 		return "/"
 	}
@@ -193,6 +210,10 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 	for _, k := range s.keys {
 		found |= subtle.ConstantTimeCompare([]byte(key), k)
 	}
+	// The admin token manages library voices without being a speech API key.
+	if strings.HasPrefix(string(ctx.Path()), "/v1/audio/voices") && s.o.AdminToken != "" {
+		found |= subtle.ConstantTimeCompare([]byte(key), []byte(s.o.AdminToken))
+	}
 	return found == 1
 }
 
@@ -207,11 +228,24 @@ func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
 	case path == RealtimePath:
 		s.speechStream(ctx)
 	case path == "/v1/audio/voices":
-		if !readable(ctx) {
-			s.methodNotAllowed(ctx, "GET, HEAD")
-			return
+		switch {
+		case readable(ctx):
+			s.voices(ctx)
+		case ctx.IsPost():
+			s.createVoice(ctx)
+		default:
+			s.methodNotAllowed(ctx, "GET, HEAD, POST")
 		}
-		s.voices(ctx)
+	case strings.HasPrefix(path, "/v1/audio/voices/"):
+		name := strings.TrimPrefix(path, "/v1/audio/voices/")
+		switch {
+		case readable(ctx):
+			s.getVoice(ctx, name)
+		case ctx.IsDelete():
+			s.deleteVoice(ctx, name)
+		default:
+			s.methodNotAllowed(ctx, "GET, HEAD, DELETE")
+		}
 	case path == "/v1/audio/models":
 		if !readable(ctx) {
 			s.methodNotAllowed(ctx, "GET, HEAD")
@@ -259,7 +293,7 @@ func (s *Server) methodNotAllowed(ctx *fasthttp.RequestCtx, allow string) {
 func (s *Server) readError(ctx *fasthttp.RequestCtx, err error) {
 	if err == fasthttp.ErrBodyTooLarge {
 		writeError(ctx, newError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
-			"request body is larger than 1 MiB"))
+			fmt.Sprintf("request body is larger than %d MiB", s.srv.MaxRequestBodySize>>20)))
 		return
 	}
 	// fasthttp's error text quotes the request's bytes (headers, Authorization included): none of

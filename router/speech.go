@@ -47,6 +47,10 @@ type speechRequest struct {
 	// Seed makes the audio reproducible: the same request with the same seed gives the same
 	// audio. Absent: a random seed per request.
 	Seed *uint64 `json:"seed"`
+	// RefAudio (base64 audio) and RefText (its transcript) clone a voice for this request alone,
+	// on a model that clones; nothing is kept.
+	RefAudio *string `json:"ref_audio"`
+	RefText  *string `json:"ref_text"`
 }
 
 // speechJob is a validated request.
@@ -58,11 +62,18 @@ type speechJob struct {
 	sse    bool
 	whole  bool // "stream": false
 	stamps bool // speech.audio.timestamps events
+	// clip, when set, is a reference clip (ref_audio) to compute the request's voice from first.
+	clip *tts.VoiceClip
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
-	if len(body) > MaxBodyBytes {
-		return nil, newError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large", "request body is larger than 1 MiB")
+	limit := MaxBodyBytes
+	if s.o.Pool.Model().Cloning {
+		limit = uploadBodyBytes(s.o.MaxUploadBytes) // room for ref_audio
+	}
+	if len(body) > limit {
+		return nil, newError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
+			fmt.Sprintf("request body is larger than %s", sizeText(limit)))
 	}
 	var r speechRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
@@ -97,7 +108,11 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if n := utf8.RuneCountInString(text); n > s.o.MaxInputChars {
 		return nil, invalid("input", fmt.Sprintf("input has %d characters; the limit is %d", n, s.o.MaxInputChars))
 	}
-	voice, aerr := pickVoice(r.Voice, m.Voices)
+	voice, prompt, aerr := s.pickVoice(r.Voice)
+	if aerr != nil {
+		return nil, aerr
+	}
+	clip, aerr := s.refClip(r, prompt != nil)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -122,7 +137,8 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if r.Timestamps && streamFormat != "sse" {
 		return nil, invalid("timestamps", "timestamps need stream_format sse")
 	}
-	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1, Seed: randomSeed()}, model: r.Model, format: format, speed: speed, sse: streamFormat == "sse", stamps: r.Timestamps}
+	job := &speechJob{req: tts.Request{Text: text, Voice: voice, Speed: 1, Seed: randomSeed(), Prompt: prompt}, model: r.Model, format: format,
+		speed: speed, sse: streamFormat == "sse", stamps: r.Timestamps, clip: clip}
 	if r.Seed != nil {
 		job.req.Seed = *r.Seed
 	}
@@ -196,6 +212,20 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	// up its place and its synthesis at once.
 	var left atomic.Bool
 	stopWatch := watchClient(ctx.Conn(), func() { left.Store(true); cancel() })
+	if job.clip != nil {
+		p, err := s.extractVoice(rctx, *job.clip)
+		if err != nil {
+			stopWatch()
+			cancel()
+			e := extractError(err, "ref_audio")
+			log.Warn("speech", "status", e.Status, "error", err, "stage", "ref_audio", "total_ms", time.Since(start).Milliseconds())
+			s.recent.add(recentRequest{At: start, Status: e.Status, Format: job.format, Voice: job.req.Voice, Chars: chars,
+				TotalMillis: millis(time.Since(start)), Outcome: "error"})
+			writeError(ctx, e)
+			return
+		}
+		job.req.Prompt = p
+	}
 	st := s.startStream(rctx, job.req)
 	first, ok := <-st.chunks
 	stopWatch()

@@ -32,13 +32,23 @@ func TestVoicesList(t *testing.T) {
 	if l.Object != "list" || l.Model != "tiny" || len(l.Data) != 2 || l.Data[0].ID != "default" || l.Data[1].ID != "other" {
 		t.Fatalf("voices: %s", body)
 	}
+	// Without a library there is nothing to create voices in.
 	resp, err = http.Post(url+"/v1/audio/voices", "application/json", strings.NewReader("{}"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD" {
-		t.Fatalf("POST voices: status %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
+	if resp.StatusCode != http.StatusNotImplemented {
+		t.Fatalf("POST voices without a library: status %d", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("PUT", url+"/v1/audio/voices", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != "GET, HEAD, POST" {
+		t.Fatalf("PUT voices: status %d, Allow %q", resp.StatusCode, resp.Header.Get("Allow"))
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/plugin"
 	"github.com/voxmux/voxmux/router"
+	"github.com/voxmux/voxmux/router/voicelib"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -92,9 +93,31 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 		return err
 	}
 	// Read once here and handed to the router; never logged.
+	keyRights, err := cfg.LoadAPIKeyRights(os.Getenv)
+	if err != nil {
+		return err
+	}
 	apiKeys, err := cfg.LoadAPIKeys(os.Getenv)
 	if err != nil {
 		return err
+	}
+	var voices *voicelib.Library
+	if dir := cfg.VoicesDir(); dir != "" {
+		voices, err = voicelib.Open(voicelib.Options{Dir: dir, MaxEntries: cfg.Voices.Cache.MaxEntries,
+			MaxBytes: int64(cfg.Voices.Cache.MaxBytes), Logger: log})
+		if err != nil {
+			return fmt.Errorf("config %s: voices.dir: %w", cfg.File, err)
+		}
+		if !model.Cloning {
+			log.Warn("voices.dir is set, but the model cannot clone voices: the library serves none", "model", model.Name, "file", cfg.File)
+		}
+	}
+	// The admin token also manages library voices on the speech API.
+	var adminToken string
+	if cfg.Admin.Listen != "" {
+		if adminToken, err = cfg.AdminToken(os.Getenv); err != nil {
+			return err
+		}
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -113,7 +136,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	}
 	defer ln.Close()
 
-	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed, Instructions: model.Instructions},
+	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed, Instructions: model.Instructions, Cloning: model.Cloning},
 		router.QueueOptions{Size: cfg.Queue.Size, Timeout: cfg.Queue.Timeout.Std()})
 	supCtx, stopInstances := context.WithCancel(context.Background())
 	defer stopInstances()
@@ -172,7 +195,11 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 		GroupExtra:     gpuView(mon),
 		Realtime: router.RealtimeOptions{MinChars: cfg.Realtime.MinChars, MaxChars: cfg.Realtime.MaxChars,
 			IdleFlush: cfg.Realtime.Idle(), MaxContexts: cfg.Realtime.MaxContexts},
-		Logger: log,
+		Voices:         voices,
+		MaxUploadBytes: int(cfg.Voices.MaxUploadBytes),
+		AdminToken:     adminToken,
+		VoiceKeys:      config.KeysWith(keyRights, config.RightVoices),
+		Logger:         log,
 	})
 	serveErr := make(chan error, 2)
 	go func() { serveErr <- srv.Serve(ln) }()
@@ -181,11 +208,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 
 	var admin *router.Admin
 	if cfg.Admin.Listen != "" {
-		token, err := cfg.AdminToken(os.Getenv)
-		if err != nil {
-			stop()
-			return err
-		}
+		token := adminToken
 		if len(token) < config.MinAdminTokenLen {
 			log.Warn("the admin token is short; use at least 16 random characters", "key", "admin.token", "file", cfg.File)
 		}
