@@ -144,9 +144,9 @@ func TestTinyCosyVoice3SpeakInPrompt(t *testing.T) {
 	if len(cloned) == 0 || slices.Equal(cloned, def) {
 		t.Fatalf("the prompt gave %d samples, the same as voice default's: %v", len(cloned), slices.Equal(cloned, def))
 	}
-	if again := synth(t, e, req); !slices.Equal(again, cloned) {
-		t.Error("the same prompt and seed, twice, gave different audio")
-	}
+	// Within float rounding: when the LM runs ahead of the flow, two chunks of a stream may share
+	// a padded flow batch.
+	sameSpeech(t, "the same prompt and seed, twice", cloned, synth(t, e, req))
 	instructed := synth(t, e, tts.Request{Text: tinyCV3Text, Voice: "default", Seed: 7, Prompt: &vp, Instructions: "Speak cheerfully."})
 	if slices.Equal(instructed, cloned) {
 		t.Error("instructions did not change the audio")
