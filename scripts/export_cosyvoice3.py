@@ -18,6 +18,9 @@ hift.pt and CosyVoice-BlankEN/ (the Qwen2 config and tokenizer files). OUT_DIR g
   flow_noise.f32         the flow's starting noise by frame, as the reference draws it
   tokenizer/             the Qwen2 tokenizer files
   voices/NAME/           each voice's zero-shot prompt (voice.yaml, mel.f32, embedding.f32)
+  speech_tokenizer_v3.onnx, campplus.onnx
+                         MODEL_DIR's voice-prompt networks, copied when it has both; the manifest
+                         then has a voice_encoder section, and the server makes voices from clips
 
 Every OUT_DIR has the voice `default`: the instruction prompt alone, with no speech prompt.
 --voice copies a prepared voice folder; --random-voice makes a voice of random speech tokens, mel
@@ -75,6 +78,10 @@ MAX_POSITIONS = 2048
 PROMPT_TOKENS = 400
 HIFT_NOISE_SAMPLES = 240000     # 10 s; the table repeats after it
 HIFT_NOISE_SEED = 1986
+# A clip the server makes a voice from (voice_encoder): at least this long after trimming silence,
+# and at most the speech tokenizer's limit.
+VOICE_MIN_SECONDS = 3
+VOICE_MAX_SECONDS = 30
 
 
 def log(*a):
@@ -441,7 +448,33 @@ vocoder:
 streaming:
   chunk_tokens: {chunks}
   context_tokens: {ctx}
+{voice_encoder}"""
+
+VOICE_ENCODER = """\
+voice_encoder:
+  speech_tokenizer: {tokenizer}
+  speaker: {speaker}
+  prompt_text: {prompt}
+  min_seconds: {min_s}
+  max_seconds: {max_s}
 """
+
+
+def copy_voice_encoder(model_dir, out):
+    """Copies MODEL_DIR's voice-prompt networks into OUT; returns the manifest's voice_encoder
+    section, or "" when MODEL_DIR lacks either."""
+    names = (cv_voice.TOKENIZER_FILE, cv_voice.CAMPPLUS_FILE)
+    present = [n for n in names if os.path.isfile(os.path.join(model_dir, n))]
+    if len(present) < len(names):
+        if present:
+            log("voice_encoder: %s has %s but not %s; the server will not make voices from clips"
+                % (model_dir, present[0], [n for n in names if n not in present][0]))
+        return ""
+    for n in names:
+        shutil.copyfile(os.path.join(model_dir, n), os.path.join(out, n))
+    log("voice_encoder: copied %s" % ", ".join(names))
+    return VOICE_ENCODER.format(tokenizer=names[0], speaker=names[1], prompt=yaml_str(DEFAULT_PROMPT),
+                                min_s=VOICE_MIN_SECONDS, max_s=VOICE_MAX_SECONDS)
 
 
 def main():
@@ -526,6 +559,7 @@ def main():
         write_voice(out, name, text, p.tokens, p.mel, p.embedding)
         voices.append(name)
 
+    voice_encoder = copy_voice_encoder(a.model_dir, out)
     s = cfg.lm.sampling
     with open(os.path.join(out, "pipeline.yaml"), "w") as f:
         f.write(MANIFEST.format(
@@ -541,7 +575,8 @@ def main():
             steps=cfg.flow.steps, cfg=cfg.flow.cfg_rate, schedule=cfg.flow.schedule,
             spk_dim=cfg.flow.spk_dim, lookahead=cfg.flow.lookahead, hop=cfg.hift.hop,
             voc_ctx=voc_ctx, voc_la=VOCODER_LOOKAHEAD, harmonics=H,
-            phase_frames=net.F0_LEFT_FRAMES, chunks=CHUNK_TOKENS, ctx=CONTEXT_TOKENS))
+            phase_frames=net.F0_LEFT_FRAMES, chunks=CHUNK_TOKENS, ctx=CONTEXT_TOKENS,
+            voice_encoder=voice_encoder))
     log("wrote %s" % os.path.join(out, "pipeline.yaml"))
 
 

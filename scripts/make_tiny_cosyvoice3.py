@@ -6,8 +6,11 @@
 OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/export_cosyvoice3.py reads: cosyvoice3.yaml
 (hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
 (state dicts under the published parameter names; HiFT's convolutions weight-normed as
-torch.nn.utils.parametrizations stores them) and CosyVoice-BlankEN/ (a Qwen2 config.json and the
-Qwen2 tokenizer files from instance/text/testdata/qwen2). The network sizes are small (an LM of 32
+torch.nn.utils.parametrizations stores them), CosyVoice-BlankEN/ (a Qwen2 config.json and the
+Qwen2 tokenizer files from instance/text/testdata/qwen2), and stand-ins for the two voice-prompt
+networks with the published graphs' inputs and outputs: speech_tokenizer_v3.onnx (feats float32
+[1, 128, T] and feats_length int32 [1] -> int32 tokens [1, T/4] in [0, 6561)) and campplus.onnx
+(float32 [1, T, 80] -> float32 [1, 192]). The network sizes are small (an LM of 32
 channels, a DiT of 32, a HiFT of 32 base channels); the vocabularies, the mel bins, the hop and the
 vocoder's rates are CosyVoice3's, so ids, frames and samples line up with the real model. Its
 audio is noise; its graphs and manifest are the real thing's.
@@ -171,6 +174,56 @@ FULL_QWEN = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers":
              "num_attention_heads": 14, "num_key_value_heads": 2}
 
 
+class TinySpeechTokenizer(torch.nn.Module):
+    """Whisper log-mel frames (100 Hz) -> one token per 4 frames (25 Hz), as the published
+    speech_tokenizer_v3.onnx: two channels of a strided convolution, each quantized to 81 levels,
+    make a token in [0, 81 * 81 = 6561). Frames past feats_length give token 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(128, 2, kernel_size=4, stride=4)
+
+    def forward(self, feats, feats_length):
+        h = torch.sigmoid(self.conv(feats) * 4.0)                      # [1, 2, T/4]
+        q = torch.clamp(torch.floor(h * 81.0), 0.0, 80.0)
+        tok = q[:, 0] * 81.0 + q[:, 1]                                 # [1, T/4]
+        n = torch.div(feats_length, 4, rounding_mode="floor").to(torch.float32)
+        idx = torch.arange(tok.shape[1], dtype=torch.float32)[None]
+        return (tok * (idx < n[:, None]).to(torch.float32)).to(torch.int32)
+
+
+class TinyCampplus(torch.nn.Module):
+    """Kaldi fbank [1, T, 80] -> a 192-value speaker embedding: a projection averaged over time."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(80, 192)
+
+    def forward(self, x):
+        return torch.tanh(self.proj(x)).mean(dim=1)
+
+
+def write_voice_networks(out):
+    """The two voice-prompt stand-ins, exported as the published graphs' input/output layout."""
+    torch.manual_seed(20251126)
+    tok, cam = TinySpeechTokenizer().eval(), TinyCampplus().eval()
+    T = 400
+    exports = [
+        (tok, (torch.randn(1, 128, T), torch.tensor([T], dtype=torch.int32)), "speech_tokenizer_v3.onnx",
+         ["feats", "feats_length"], ["indices"], {"feats": {2: "T"}, "indices": {1: "N"}}),
+        (cam, (torch.randn(1, T, 80),), "campplus.onnx", ["input"], ["output"], {"input": {1: "T"}}),
+    ]
+    with torch.no_grad():
+        for module, args, name, inputs, outputs, axes in exports:
+            kwargs = dict(input_names=inputs, output_names=outputs, dynamic_axes=axes, opset_version=17,
+                          do_constant_folding=True)
+            path = os.path.join(out, name)
+            try:
+                torch.onnx.export(module, args, path, dynamo=False, **kwargs)
+            except TypeError:
+                torch.onnx.export(module, args, path, **kwargs)  # torch without the dynamo= argument
+
+
 def main():
     argv = sys.argv[1:]
     qwen_files = None
@@ -232,6 +285,7 @@ def main():
     torch.save(llm_state, os.path.join(out, "llm.pt"))
     torch.save(flow.state_dict(), os.path.join(out, "flow.pt"))
     torch.save(weight_normed(hift.state_dict()), os.path.join(out, "hift.pt"))
+    write_voice_networks(out)
     print("wrote %s" % out, file=sys.stderr)
 
 

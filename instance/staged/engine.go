@@ -119,13 +119,16 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	if !utf8.ValidString(req.Text) {
 		return tts.Invalid("text is not valid UTF-8")
 	}
+	lmVoice, voice, err := e.p.m.requestVoices(req)
+	if err != nil {
+		return err
+	}
 	segs := e.p.m.Segments(req.Text)
-	voice := e.p.m.voice(req.Voice)
 	prompts := make([][]int64, len(segs))
 	segTokens := make([]int, len(segs))
 	// Every segment is checked before any work starts.
 	for i, seg := range segs {
-		prompts[i], segTokens[i] = e.p.m.Prompt(voice, seg)
+		prompts[i], segTokens[i] = e.p.m.Prompt(lmVoice, seg)
 		if err := e.checkPrompt(prompts[i], seg, segTokens[i], i, len(segs)); err != nil {
 			return err
 		}

@@ -15,7 +15,11 @@ import (
 // Family serves staged (LM → flow → vocoder) pipelines: a manifest whose kind is staged.
 type Family struct{}
 
-var _ instance.Family = Family{}
+var (
+	_ instance.Family         = Family{}
+	_ instance.VoiceExtractor = (*Engine)(nil)
+	_ instance.VoiceExtractor = (*replicas)(nil)
+)
 
 // Claims takes any path that is not another family's: the manifest's own checks then say what is
 // wrong with it.
@@ -44,7 +48,9 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 }
 
 func (m *Manifest) description() tts.Description {
-	return tts.Description{Kind: m.Kind, Name: m.Name, SampleRate: m.SampleRate, Voices: m.Voices}
+	_, instruct := m.instructText("")
+	return tts.Description{Kind: m.Kind, Name: m.Name, SampleRate: m.SampleRate, Voices: m.Voices,
+		Instructions: instruct, Cloning: m.VoiceEncoder != nil}
 }
 
 // open places the pipeline on the visible GPUs: split puts the LM on device 0 and flow and
@@ -131,6 +137,16 @@ func (r *replicas) FirstAudio() []FirstAudio {
 		out = append(out, e.FirstAudio()...)
 	}
 	return out
+}
+
+// ExtractVoice makes a voice with the first engine's pipeline, the one that holds the voice
+// encoder (loadPipeline).
+func (r *replicas) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
+	x, ok := r.engines[0].(instance.VoiceExtractor)
+	if !ok {
+		return tts.VoicePrompt{}, tts.Invalid("this model does not make voices from reference audio")
+	}
+	return x.ExtractVoice(ctx, clip)
 }
 
 func (r *replicas) Close() error {

@@ -32,6 +32,9 @@ type Manifest struct {
 	Vocoder   VocoderSpec       `yaml:"vocoder"`
 	Streaming StreamingSpec     `yaml:"streaming"`
 	Names     map[string]string `yaml:"names"`
+	// VoiceEncoder makes voices from reference clips (voiceenc.go); absent: the model speaks in
+	// its listed voices and in prompts made elsewhere only.
+	VoiceEncoder *VoiceEncoderSpec `yaml:"voice_encoder"`
 
 	// Dir is the manifest's folder; stage files are relative to it.
 	Dir  string `yaml:"-"`
@@ -193,6 +196,9 @@ func LoadManifest(path string) (*Manifest, error) {
 	if err := m.checkEndOfPrompt(); err != nil {
 		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
 	}
+	if err := m.checkVoiceEncoderText(); err != nil {
+		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
+	}
 	if err := m.loadVoices(); err != nil {
 		return nil, fmt.Errorf("pipeline manifest %s: %w", path, err)
 	}
@@ -305,6 +311,7 @@ func (m *Manifest) validate() error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, m.validateVoiceEncoder()...)
 	need(m.Vocoder.Hop > 0, "vocoder.hop", "must be positive")
 	v := m.Vocoder
 	need(v.ContextFrames >= 0, "vocoder.context_frames", "must not be negative")

@@ -147,3 +147,21 @@ func TestManifestRefusesBadTextKeys(t *testing.T) {
 		t.Errorf("defaults: max_prompt_tokens %d, sampling %v", m.LM.MaxPromptTokens, m.LM.Sampling)
 	}
 }
+
+// voice_encoder's keys are checked at load, each error naming its key (and the file).
+func TestManifestVoiceEncoderErrors(t *testing.T) {
+	path := writeManifest(t, t.TempDir(), func(s string) string {
+		return s + "\nvoice_encoder:\n  speech_tokenizer: missing_tokenizer.onnx\n  speaker: \"\"\n  prompt_text: \"\"\n  min_seconds: 3\n  max_seconds: 40\n"
+	})
+	_, err := LoadManifest(path)
+	if err == nil {
+		t.Fatal("a bad voice_encoder loaded")
+	}
+	for _, want := range []string{path, "voice_encoder.speech_tokenizer: stat", "missing_tokenizer.onnx", "voice_encoder.speaker: is required",
+		"voice_encoder.prompt_text: is required", "voice_encoder.max_seconds: 40 must be in [min_seconds, 30]",
+		"voice_encoder: needs flow.embedding_dim > 0"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}

@@ -22,6 +22,9 @@ type Pipeline struct {
 	// flows are the flow's workers, each with its own sessions (see flowLanes).
 	flows []flowRunner
 	voc   *vocoderStage
+	// venc makes voices from clips (voice_encoder); nil without one, and in every pipeline of an
+	// instance but the one whose LM is on device 0: it runs on the CPU, so one serves them all.
+	venc *voiceEncoder
 }
 
 // LoadPipeline loads the manifest's graphs on the configured provider, all on device 0.
@@ -66,6 +69,9 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 	if err == nil {
 		p.voc, err = newVocoderStage(p.rt2, m, p.opt)
 	}
+	if err == nil && m.VoiceEncoder != nil && lmDev == 0 {
+		p.venc, err = newVoiceEncoder(m, cfg)
+	}
 	if err != nil {
 		p.Close()
 		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
@@ -87,6 +93,9 @@ func (p *Pipeline) Close() error {
 	}
 	if p.voc != nil {
 		errs = append(errs, p.voc.close())
+	}
+	if p.venc != nil {
+		errs = append(errs, p.venc.close())
 	}
 	p.rt.Close()
 	if p.rt2 != p.rt {
