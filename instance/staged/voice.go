@@ -29,12 +29,20 @@ type Voice struct {
 	Embedding []float32
 }
 
-// voiceFile is voice.yaml.
+// voiceFile is voice.yaml. The router's voice library writes the same file with mel_bins and
+// keys that record where the voice came from, so that one of its folders can be copied into an
+// export; those keys are accepted and ignored, any other key is refused.
 type voiceFile struct {
 	Text         string  `yaml:"text"`
 	SpeechTokens []int64 `yaml:"speech_tokens"`
 	Mel          string  `yaml:"mel"`
+	MelBins      int     `yaml:"mel_bins"`
 	Embedding    string  `yaml:"embedding"`
+
+	Transcript any `yaml:"transcript"`
+	CreatedAt  any `yaml:"created_at"`
+	Consent    any `yaml:"consent"`
+	Source     any `yaml:"source"`
 }
 
 // voice returns the prompt that a request for voice name speaks with: that voice's, or the
@@ -130,6 +138,9 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		}
 	}
 	C, D := m.Flow.MelBins, m.Flow.EmbeddingDim
+	if f.MelBins != 0 && f.MelBins != C {
+		return nil, bad("mel_bins", "is %d, the model's flow.mel_bins is %d", f.MelBins, C)
+	}
 	if len(f.SpeechTokens) > 0 && D == 0 {
 		// The prompt's mel reaches the flow only through the step graph's cond input.
 		return nil, bad("speech_tokens", "a prompt needs flow.embedding_dim > 0 (the flow's cond and embedding inputs)")

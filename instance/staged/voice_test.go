@@ -8,6 +8,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // writeFloats writes values as little-endian float32.
@@ -97,6 +101,56 @@ func TestVoicesLoad(t *testing.T) {
 	}
 }
 
+// A folder of the router's voice library, copied into voice_dir, loads: its voice.yaml's
+// mel_bins is checked and the keys that tell where the voice came from are ignored.
+func TestVoicesLoadLibraryFolder(t *testing.T) {
+	mel := make([]float32, 6*80)
+	for f := range 6 {
+		for c := range 80 {
+			mel[f*80+c] = float32(100*f + c)
+		}
+	}
+	lib, err := voicelib.Open(voicelib.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tts.VoicePrompt{Text: "Hi.", SpeechTokens: []int64{5, 0, 63}, Mel: mel, MelBins: 80, Embedding: []float32{1, 2, 3, 4}}
+	meta := voicelib.Meta{Text: "hi", CreatedAt: time.Now(), Consent: "recorded by alice", SampleRate: 24000, Seconds: 5}
+	if err := lib.Create("alice", p, meta); err != nil {
+		t.Fatal(err)
+	}
+	path := voiceManifest(t, func(s string) string { return s })
+	from, to := filepath.Join(lib.Dir(), "alice"), filepath.Join(filepath.Dir(path), "voices", "alice")
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	y, _ := os.ReadFile(filepath.Join(to, "voice.yaml"))
+	for _, key := range []string{"mel_bins:", "transcript:", "created_at:", "consent:", "source:"} {
+		if !strings.Contains(string(y), key) {
+			t.Fatalf("the library's voice.yaml has no %s key; the test no longer covers it:\n%s", key, y)
+		}
+	}
+	m, err := LoadManifest(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := m.voices["alice"]
+	if a == nil || a.Text != "Hi." || !slices.Equal(a.SpeechTokens, p.SpeechTokens) || !slices.Equal(a.Embedding, p.Embedding) ||
+		!slices.Equal(a.Mel, frameMajorToChannels(mel, 6, 80)) {
+		t.Fatalf("alice from the library: %+v", a)
+	}
+}
+
 // Every bad voice file gives an error that names the voice, its file and the key.
 func TestVoicesRefuseBadFiles(t *testing.T) {
 	for _, c := range []struct {
@@ -111,6 +165,7 @@ func TestVoicesRefuseBadFiles(t *testing.T) {
 		{"missing mel file", func(s string) string { return strings.Replace(s, "mel.f32", "nothing.f32", 1) }, "mel", "no such file"},
 		{"embedding size", func(s string) string { return strings.Replace(s, "embedding.f32", "mel.f32", 1) }, "embedding", "want flow.embedding_dim = 4"},
 		{"unknown key", func(s string) string { return s + "speed: 2\n" }, "speed", "unknown field"},
+		{"mel_bins not the flow's", func(s string) string { return s + "mel_bins: 40\n" }, "mel_bins", "is 40, the model's flow.mel_bins is 80"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := LoadManifest(voiceManifest(t, c.edit))
