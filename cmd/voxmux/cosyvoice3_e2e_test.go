@@ -14,13 +14,7 @@ import (
 // exported by scripts/export_cosyvoice3.py with a random voice bench (`make tiny-cosyvoice3`;
 // `make test` makes it first and sets VOXMUX_REQUIRE_TINY_COSYVOICE3, so that its absence fails).
 func TestEndToEndTinyCosyVoice3(t *testing.T) {
-	model, _ := filepath.Abs("../../models/tiny-cosyvoice3/pipeline.yaml")
-	if _, err := os.Stat(model); err != nil {
-		if os.Getenv("VOXMUX_REQUIRE_TINY_COSYVOICE3") != "" {
-			t.Fatalf("%v, and VOXMUX_REQUIRE_TINY_COSYVOICE3 is set", err)
-		}
-		t.Skipf("%v: run make tiny-cosyvoice3", err)
-	}
+	model := tinyCosyVoice3(t)
 	listen := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "voxmux.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("listen: %s\nmodel: %s\nprovider: cpu\nonnxruntime: %s\ngroups:\n  - name: cpu\n    gpus: []\n    instances: 1\n",
