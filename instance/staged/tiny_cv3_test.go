@@ -83,10 +83,9 @@ func TestTinyCosyVoice3Voices(t *testing.T) {
 			t.Fatalf("%s: audio is silent (rms %g)", voice, rms)
 		}
 		// Seeded sampling, the flow's noise table and the vocoder's fixed noise: nothing random
-		// is left between two runs.
-		if again := synth(t, e, req); !slices.Equal(again, pcm) {
-			t.Errorf("%s: the same request and seed, twice, gave different audio", voice)
-		}
+		// is left between two runs. Within float rounding only: a run that shares a batch with
+		// another (padded) rounds differently.
+		sameSpeech(t, voice+": the same request and seed, twice", pcm, synth(t, e, req))
 		audio[voice] = pcm
 	}
 	if slices.Equal(audio["default"], audio["bench"]) {
