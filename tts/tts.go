@@ -86,8 +86,8 @@ type Description struct {
 	// NativeSpeed is true when the model applies the request's speed itself (piper: through
 	// length_scale), so the router must not time-stretch its audio.
 	NativeSpeed bool
-	// Instructions is true when the model follows a request's "instructions" (no kind served
-	// today does; the router drops them for the others).
+	// Instructions is true when the model follows a request's "instructions" (staged exports
+	// with lm.endofprompt, CosyVoice3's); the router drops them for the others.
 	Instructions bool
 	// Cloning is true when the model makes voices from reference clips (ExtractVoice) and speaks
 	// in a request's Prompt.
