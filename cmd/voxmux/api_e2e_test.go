@@ -31,10 +31,18 @@ func appendConfig(t *testing.T, path, yaml string) {
 
 func speechReq(t *testing.T, url, key, body string) (*http.Response, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest("POST", url+"/v1/audio/speech", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
+	return doRequest(t, "POST", url+"/v1/audio/speech", key, "application/json", strings.NewReader(body))
+}
+
+// doRequest sends one request with an optional bearer token and reads the whole answer.
+func doRequest(t *testing.T, method, url, token, contentType string, body io.Reader) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, body)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"mime/multipart"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,22 +73,7 @@ func voicedWAV() []byte {
 // voiceReq sends a voice-library request (token "" sends none) and returns its status and body.
 func voiceReq(t *testing.T, method, url, token, contentType string, body io.Reader) (int, []byte) {
 	t.Helper()
-	req, _ := http.NewRequest(method, url, body)
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := doRequest(t, method, url, token, contentType, body)
 	return resp.StatusCode, b
 }
 
