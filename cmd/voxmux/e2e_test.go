@@ -59,14 +59,31 @@ func ortLib(t *testing.T) string {
 	return p
 }
 
+// freePort is a loopback address no process listens on. The kernel may hand a just-closed port
+// out again, so one test calling it twice (a router and its admin API) could get the same port
+// twice; ports given out before are never given again.
 func freePort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	givenMu.Lock()
+	defer givenMu.Unlock()
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !given[addr] {
+			given[addr] = true
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+var (
+	givenMu sync.Mutex
+	given   = map[string]bool{}
+)
 
 type server struct {
 	url  string
