@@ -1,16 +1,15 @@
 package staged
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/goccy/go-yaml"
+	"github.com/voxmux/voxmux/tts/voicefile"
 )
 
 // Voice is a voice's zero-shot prompt (voice_dir/NAME/voice.yaml): the transcript of a prompt
@@ -27,22 +26,6 @@ type Voice struct {
 	// Embedding is [flow.embedding_dim]; zeros where voice.yaml gives none, nil without
 	// flow.embedding_dim.
 	Embedding []float32
-}
-
-// voiceFile is voice.yaml. The router's voice library writes the same file with mel_bins and
-// keys that record where the voice came from, so that one of its folders can be copied into an
-// export; those keys are accepted and ignored, any other key is refused.
-type voiceFile struct {
-	Text         string  `yaml:"text"`
-	SpeechTokens []int64 `yaml:"speech_tokens"`
-	Mel          string  `yaml:"mel"`
-	MelBins      int     `yaml:"mel_bins"`
-	Embedding    string  `yaml:"embedding"`
-
-	Transcript any `yaml:"transcript"`
-	CreatedAt  any `yaml:"created_at"`
-	Consent    any `yaml:"consent"`
-	Source     any `yaml:"source"`
 }
 
 // voice returns the prompt that a request for voice name speaks with: that voice's, or the
@@ -116,12 +99,14 @@ func (m *Manifest) loadVoices() error {
 
 // loadVoice reads dir/voice.yaml and the files it names; every error names the file and key.
 func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
-	file := filepath.Join(dir, "voice.yaml")
+	// The router's voice library writes the same file with keys that record where the voice
+	// came from, so one of its folders can be copied into an export; any other key is refused.
+	file := filepath.Join(dir, voicefile.YAMLName)
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("voice %s: %w", name, err)
 	}
-	var f voiceFile
+	var f voicefile.File
 	if err := yaml.UnmarshalWithOptions(data, &f, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
 		return nil, fmt.Errorf("voice %s: %s: %s", name, file, yaml.FormatError(err, false, true))
 	}
@@ -154,7 +139,7 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		mel, err := readFloats(p)
+		mel, err := voicefile.ReadFloats(p)
 		if err != nil {
 			return nil, bad("mel", "%v", err)
 		}
@@ -174,7 +159,7 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		emb, err := readFloats(p)
+		emb, err := voicefile.ReadFloats(p)
 		if err != nil {
 			return nil, bad("embedding", "%v", err)
 		}
@@ -184,22 +169,6 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		v.Embedding = emb
 	}
 	return v, nil
-}
-
-// readFloats reads a file of little-endian float32 values.
-func readFloats(path string) ([]float32, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(data)%4 != 0 {
-		return nil, fmt.Errorf("%s: %d bytes is not a whole number of float32 values", path, len(data))
-	}
-	out := make([]float32, len(data)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
-	}
-	return out, nil
 }
 
 // frameMajorToChannels turns [frames][C] into channel-major [C][frames].
@@ -218,7 +187,7 @@ func (m *Manifest) loadFlowNoise() error {
 	if m.Flow.Noise == "" {
 		return nil
 	}
-	t, err := readFloats(m.Path(m.Flow.Noise))
+	t, err := voicefile.ReadFloats(m.Path(m.Flow.Noise))
 	if err != nil {
 		return fmt.Errorf("flow.noise: %w", err)
 	}

@@ -5,10 +5,7 @@
 package voicelib
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -16,6 +13,7 @@ import (
 	"github.com/goccy/go-yaml"
 
 	"github.com/voxmux/voxmux/tts"
+	"github.com/voxmux/voxmux/tts/voicefile"
 )
 
 // Meta is what the library tells of a voice besides its prompt.
@@ -30,57 +28,31 @@ type Meta struct {
 	Tokens     int     `json:"tokens"` // speech tokens of the prompt
 }
 
-// voiceFile is voice.yaml. The first keys are an export's; the rest record where the voice came
-// from.
-type voiceFile struct {
-	Text         string    `yaml:"text"`
-	SpeechTokens []int64   `yaml:"speech_tokens,flow"`
-	Mel          string    `yaml:"mel,omitempty"`
-	MelBins      int       `yaml:"mel_bins,omitempty"`
-	Embedding    string    `yaml:"embedding,omitempty"`
-	Transcript   string    `yaml:"transcript"` // the clip's, as uploaded; Text is the model's prompt text
-	CreatedAt    time.Time `yaml:"created_at"`
-	Consent      string    `yaml:"consent"`
-	Source       source    `yaml:"source"`
-}
-
-type source struct {
-	SampleRate int     `yaml:"sample_rate"`
-	Seconds    float64 `yaml:"seconds"`
-}
-
-// File names inside a voice's folder.
-const (
-	yamlName      = "voice.yaml"
-	melName       = "mel.f32"
-	embeddingName = "embedding.f32"
-)
-
 // writeFolder writes a voice's files into dir (which exists and is empty), each synced, so that
 // a rename of dir publishes complete files.
 func writeFolder(dir string, p *tts.VoicePrompt, m Meta) error {
-	f := voiceFile{Text: p.Text, SpeechTokens: p.SpeechTokens, Transcript: m.Text, CreatedAt: m.CreatedAt.UTC(), Consent: m.Consent,
-		Source: source{SampleRate: m.SampleRate, Seconds: m.Seconds}}
+	f := voicefile.File{Text: p.Text, SpeechTokens: p.SpeechTokens, Transcript: m.Text, CreatedAt: m.CreatedAt.UTC(), Consent: m.Consent,
+		Source: voicefile.Source{SampleRate: m.SampleRate, Seconds: m.Seconds}}
 	if f.SpeechTokens == nil {
 		f.SpeechTokens = []int64{}
 	}
 	if len(p.Mel) > 0 {
-		f.Mel, f.MelBins = melName, p.MelBins
-		if err := writeSynced(filepath.Join(dir, melName), floatBytes(p.Mel)); err != nil {
+		f.Mel, f.MelBins = voicefile.MelName, p.MelBins
+		if err := writeSynced(filepath.Join(dir, voicefile.MelName), voicefile.EncodeFloats(p.Mel)); err != nil {
 			return err
 		}
 	}
 	if len(p.Embedding) > 0 {
-		f.Embedding = embeddingName
-		if err := writeSynced(filepath.Join(dir, embeddingName), floatBytes(p.Embedding)); err != nil {
+		f.Embedding = voicefile.EmbeddingName
+		if err := writeSynced(filepath.Join(dir, voicefile.EmbeddingName), voicefile.EncodeFloats(p.Embedding)); err != nil {
 			return err
 		}
 	}
 	y, err := yaml.Marshal(f)
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", yamlName, err)
+		return fmt.Errorf("encode %s: %w", voicefile.YAMLName, err)
 	}
-	return writeSynced(filepath.Join(dir, yamlName), y)
+	return writeSynced(filepath.Join(dir, voicefile.YAMLName), y)
 }
 
 func writeSynced(path string, data []byte) error {
@@ -100,18 +72,18 @@ func writeSynced(path string, data []byte) error {
 }
 
 // readMeta reads a voice folder's voice.yaml.
-func readMeta(dir, name string) (voiceFile, Meta, error) {
-	file := filepath.Join(dir, yamlName)
+func readMeta(dir, name string) (voicefile.File, Meta, error) {
+	file := filepath.Join(dir, voicefile.YAMLName)
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return voiceFile{}, Meta{}, err
+		return voicefile.File{}, Meta{}, err
 	}
-	var f voiceFile
+	var f voicefile.File
 	if err := yaml.UnmarshalWithOptions(data, &f, yaml.Strict()); err != nil {
-		return voiceFile{}, Meta{}, fmt.Errorf("%s: %s", file, yaml.FormatError(err, false, true))
+		return voicefile.File{}, Meta{}, fmt.Errorf("%s: %s", file, yaml.FormatError(err, false, true))
 	}
 	if f.Mel != "" && f.MelBins <= 0 {
-		return voiceFile{}, Meta{}, fmt.Errorf("%s: mel_bins: is required with mel", file)
+		return voicefile.File{}, Meta{}, fmt.Errorf("%s: mel_bins: is required with mel", file)
 	}
 	text := f.Transcript
 	if text == "" { // a voice copied from an export
@@ -149,24 +121,5 @@ func readFloats(dir, name string) ([]float32, error) {
 		// A library voice keeps its files in its folder; a path elsewhere is not followed.
 		return nil, fmt.Errorf("%q is not a file of the voice's folder", name)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		return nil, err
-	}
-	if len(b)%4 != 0 {
-		return nil, errors.New(name + ": size is not a multiple of 4 bytes (float32)")
-	}
-	out := make([]float32, len(b)/4)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
-	}
-	return out, nil
-}
-
-func floatBytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
+	return voicefile.ReadFloats(filepath.Join(dir, name))
 }
