@@ -18,25 +18,7 @@ import (
 // context.closed, the engine drops the request from the LM's batch before its next decode step
 // and ends up holding nothing, and a second context on the same connection is spoken whole.
 func TestRealtimeBargeInFreesEngine(t *testing.T) {
-	lib, err := ort.FindLibrary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := staged.NewEngine(p)
-	defer e.Close()
-	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
-	pool.Add(ready("tiny/0", e, 8))
-	srv := New(Options{Pool: pool, MaxInputChars: 400, RequestTimeout: time.Minute, Realtime: RealtimeOptions{MinChars: 10, MaxChars: 200}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	e, ln := serveTinyEngine(t, Options{MaxInputChars: 400, RequestTimeout: time.Minute, Realtime: RealtimeOptions{MinChars: 10, MaxChars: 200}})
 	c := wsDial(t, "http://"+ln.Addr().String(), nil)
 	wsSend(t, c, obj{"type": "session.config", "seed": 42})
 	if m := wsRead(t, c); m.Type != "session.created" {
@@ -102,25 +84,7 @@ func TestRealtimeBargeInFreesEngine(t *testing.T) {
 // An HTTP client that goes away mid-stream cancels its request in the engine as a closed context
 // does: the engine counts the cancel and ends up holding nothing.
 func TestHTTPClientGoneFreesEngine(t *testing.T) {
-	lib, err := ort.FindLibrary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := staged.NewEngine(p)
-	defer e.Close()
-	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
-	pool.Add(ready("tiny/0", e, 8))
-	srv := New(Options{Pool: pool, MaxInputChars: 1000, RequestTimeout: time.Minute})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	e, ln := serveTinyEngine(t, Options{MaxInputChars: 1000, RequestTimeout: time.Minute})
 
 	// The tiny model on the CPU can finish a whole request before the router notices its client
 	// left, and then there is nothing to cancel: abandon requests until one is cancelled mid-way.
@@ -144,4 +108,30 @@ func TestHTTPClientGoneFreesEngine(t *testing.T) {
 	if n := e.CancelSteps(); n > 1 {
 		t.Errorf("the abandoned request stayed in the LM's batch for %d decode steps", n)
 	}
+}
+
+// serveTinyEngine serves the tiny staged model's engine, in this process, behind a router with
+// opts (its Pool set here) on a loopback listener.
+func serveTinyEngine(t *testing.T, opts Options) (*staged.Engine, net.Listener) {
+	t.Helper()
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := staged.LoadPipeline(tts.LoadConfig{Manifest: "../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: lib})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := staged.NewEngine(p)
+	t.Cleanup(func() { e.Close() })
+	opts.Pool = NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{Size: 8, Timeout: 30 * time.Second})
+	opts.Pool.Add(ready("tiny/0", e, 8))
+	srv := New(opts)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	return e, ln
 }
