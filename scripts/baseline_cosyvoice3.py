@@ -38,11 +38,9 @@ DiT attends over every frame (the reference's streaming chunk mask costs the sam
 """
 
 import argparse
-import contextlib
 import math
 import os
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baseline_http as web  # noqa: E402
@@ -187,32 +185,17 @@ class CosyVoice3Pipeline:
         text_ids = self.tok.encode(text)
         V = c.text_vocab
         prompt = ([V + c.sos] + voice.text_ids + text_ids + [V + c.task_id] + [V + t for t in voice.tokens])
-        st = {"tokens": [], "done": False, "error": None}
-        cond = threading.Condition()
-
-        def lm_job():
+        def produce(emit):
             silent = 0
-            try:
-                ctx = torch.cuda.stream(self.lm_stream) if self.lm_stream is not None else contextlib.nullcontext()
-                with ctx, torch.inference_mode():
-                    def emit(tok):
-                        nonlocal silent
-                        silent = silent + 1 if tok in SILENT_TOKENS else 0
-                        if silent > MAX_SILENT_TOKENS:
-                            return
-                        with cond:
-                            st["tokens"].append(tok)
-                            cond.notify()
-                    self.tokens(prompt, len(text_ids), emit)
-            except BaseException as e:  # handed to the request
-                st["error"] = e
-            finally:
-                with cond:
-                    st["done"] = True
-                    cond.notify()
 
-        th = threading.Thread(target=lm_job, daemon=True)
-        th.start()
+            def emit_spoken(tok):  # more than MAX_SILENT_TOKENS silent tokens in a row are dropped
+                nonlocal silent
+                silent = silent + 1 if tok in SILENT_TOKENS else 0
+                if silent <= MAX_SILENT_TOKENS:
+                    emit(tok)
+            self.tokens(prompt, len(text_ids), emit_spoken)
+
+        st, cond, th = web.lm_thread(torch, self.lm_stream, produce)
         hop = HOP_TOKENS
         pad = math.ceil(len(voice.tokens) / hop) * hop - len(voice.tokens)
         offset, sent, mels = 0, 0, []

@@ -14,6 +14,7 @@ synthesize(text, voice, emit_pcm), emit_pcm taking a float32 CPU tensor in [-1, 
 Only the Python standard library and torch are used.
 """
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -65,6 +66,36 @@ def greedy_decode(torch, lm, prompt, past, lo, hi, end, input_id, emit, device):
             return
         emit(tok)
         ids = torch.tensor([[input_id(tok)]], device=device)
+
+
+def lm_thread(torch, stream, produce):
+    """Starts produce(emit) on a thread of its own, on CUDA stream `stream` when there is one, as
+    CosyVoice's llm_job runs its LM beside the flow: each emitted token is appended to
+    st["tokens"] and wakes cond's waiters, an error is kept in st["error"], and st["done"] is set
+    at the end. Returns (st, cond, thread)."""
+    st = {"tokens": [], "done": False, "error": None}
+    cond = threading.Condition()
+
+    def emit(tok):
+        with cond:
+            st["tokens"].append(tok)
+            cond.notify()
+
+    def job():
+        try:
+            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+            with ctx, torch.inference_mode():
+                produce(emit)
+        except BaseException as e:  # handed to the request
+            st["error"] = e
+        finally:
+            with cond:
+                st["done"] = True
+                cond.notify()
+
+    th = threading.Thread(target=job, daemon=True)
+    th.start()
+    return st, cond, th
 
 
 def worker_main(wid, load, load_args, jobs, results, parent):

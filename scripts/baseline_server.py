@@ -24,10 +24,8 @@ a queue. Only the Python standard library and torch are used.
 """
 
 import argparse
-import contextlib
 import os
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import baseline_http as web  # noqa: E402
@@ -163,27 +161,7 @@ class EagerPipeline:
         """Streams text's audio: emit_pcm(float32 tensor on the CPU) once per chunk. The model has
         one voice: voice is ignored."""
         torch, s = self.torch, self.s
-        st = {"tokens": [], "done": False, "error": None}
-        cond = threading.Condition()
-
-        def lm_job():
-            try:
-                ctx = torch.cuda.stream(self.lm_stream) if self.lm_stream is not None else contextlib.nullcontext()
-                with ctx, torch.inference_mode():
-                    def emit(tok):
-                        with cond:
-                            st["tokens"].append(tok)
-                            cond.notify()
-                    self.tokens(text, emit)
-            except BaseException as e:  # handed to the request
-                st["error"] = e
-            finally:
-                with cond:
-                    st["done"] = True
-                    cond.notify()
-
-        th = threading.Thread(target=lm_job, daemon=True)
-        th.start()
+        st, cond, th = web.lm_thread(torch, self.lm_stream, lambda emit: self.tokens(text, emit))
         gen = torch.Generator(device=self.device).manual_seed(0)
         noise = torch.empty(s.mel_bins, 0, device=self.device)
         flowed, chunk, prev_mel = 0, 0, None
