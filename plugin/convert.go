@@ -59,7 +59,8 @@ func promptToProto(p *tts.VoicePrompt) *proto.VoicePrompt {
 		return nil
 	}
 	return &proto.VoicePrompt{Text: p.Text, SpeechTokens: p.SpeechTokens, MelF32Le: encodeF32(p.Mel),
-		MelBins: uint32(p.MelBins), EmbeddingF32Le: encodeF32(p.Embedding)}
+		MelBins: uint32(p.MelBins), EmbeddingF32Le: encodeF32(p.Embedding),
+		LatentsF32Le: encodeF32(p.Latents), LatentDim: uint32(p.LatentDim)}
 }
 
 func promptFromProto(p *proto.VoicePrompt) *tts.VoicePrompt {
@@ -67,5 +68,6 @@ func promptFromProto(p *proto.VoicePrompt) *tts.VoicePrompt {
 		return nil
 	}
 	return &tts.VoicePrompt{Text: p.Text, SpeechTokens: p.SpeechTokens, Mel: decodeF32(p.MelF32Le),
-		MelBins: int(p.MelBins), Embedding: decodeF32(p.EmbeddingF32Le)}
+		MelBins: int(p.MelBins), Embedding: decodeF32(p.EmbeddingF32Le),
+		Latents: decodeF32(p.LatentsF32Le), LatentDim: int(p.LatentDim)}
 }

@@ -435,6 +435,65 @@ func TestSynthesizeConcurrent(t *testing.T) {
 	}
 }
 
+// samePrompt compares prompts field by field; an empty slice and nil are the same (the wire
+// does not tell them apart).
+func samePrompt(a, b *tts.VoicePrompt) bool {
+	if (a == nil) != (b == nil) {
+		return false
+	}
+	if a == nil {
+		return true
+	}
+	bits := func(x, y []float32) bool {
+		return slices.EqualFunc(x, y, func(u, v float32) bool { return math.Float32bits(u) == math.Float32bits(v) })
+	}
+	return a.Text == b.Text && slices.Equal(a.SpeechTokens, b.SpeechTokens) && bits(a.Mel, b.Mel) && a.MelBins == b.MelBins &&
+		bits(a.Embedding, b.Embedding) && bits(a.Latents, b.Latents) && a.LatentDim == b.LatentDim
+}
+
+// Voice prompts cross the wire both ways, each family's fields: ExtractVoice's answer (instance to
+// router) and a request's prompt (router to instance).
+func TestVoicePromptRoundTrip(t *testing.T) {
+	prompts := map[string]tts.VoicePrompt{
+		"tokens": {Text: "<|endofprompt|>héllo", SpeechTokens: []int64{0, 6560, math.MaxInt64}, Mel: []float32{0.5, -1, 2, float32(math.Copysign(0, -1))},
+			MelBins: 2, Embedding: []float32{0.1, math.SmallestNonzeroFloat32}},
+		// A latent-space model's: 3 frames of 4 values, nothing of the others.
+		"latents": {Text: "hello there", Latents: []float32{0, 1, -1, 0.25, 1e-30, -3.4e38, 0.1, 7, 8, 9, 10, math.Float32frombits(0x3f800001)}, LatentDim: 4},
+		"both":    {Text: "x", SpeechTokens: []int64{1}, Mel: []float32{1}, MelBins: 1, Embedding: []float32{2}, Latents: []float32{3, 4}, LatentDim: 2},
+	}
+	for name, want := range prompts {
+		t.Run(name, func(t *testing.T) {
+			clip := tts.VoiceClip{PCM: oddRamp(1601), SampleRate: 16000, Text: "hello there"}
+			var gotReq tts.Request
+			inst := connect(t, &tts.MockInstance{
+				ExtractF: func(_ context.Context, c tts.VoiceClip) (tts.VoicePrompt, error) {
+					if c.SampleRate != clip.SampleRate || c.Text != clip.Text || !slices.Equal(c.PCM, clip.PCM) {
+						return tts.VoicePrompt{}, fmt.Errorf("server saw clip rate %d text %q, %d samples", c.SampleRate, c.Text, len(c.PCM))
+					}
+					return want, nil
+				},
+				SynthesizeF: func(_ context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+					gotReq = req
+					return nil
+				},
+			})
+			got, err := inst.ExtractVoice(testContext(t), clip)
+			if err != nil {
+				t.Fatalf("ExtractVoice: %v", err)
+			}
+			if !samePrompt(&got, &want) {
+				t.Errorf("client got prompt\n%+v\nwant\n%+v", got, want)
+			}
+			if err := inst.Synthesize(testContext(t), tts.Request{ID: "r", Text: "hi", Prompt: &want}, func(tts.Chunk) error { return nil }); err != nil {
+				t.Fatalf("Synthesize: %v", err)
+			}
+			if !samePrompt(gotReq.Prompt, &want) {
+				t.Errorf("server saw prompt\n%+v\nwant\n%+v", gotReq.Prompt, want)
+			}
+		})
+	}
+}
+
 func TestEncodeDecodeF32(t *testing.T) {
 	in := []float32{0, 1, -1, float32(math.Copysign(0, -1)), math.MaxFloat32, math.SmallestNonzeroFloat32, 0.3}
 	b := encodeF32(in)

@@ -29,18 +29,24 @@ type VoiceClip struct {
 }
 
 // VoicePrompt is a voice a cloning model speaks in: what it conditions on, computed once from a
-// reference clip (docs/pipeline.md, "Voices", gives CosyVoice3's meaning of each field).
+// reference clip. Each family fills the fields its model reads and leaves the others empty:
+// models that condition on speech tokens fill SpeechTokens, Mel and Embedding (docs/pipeline.md,
+// "Voices", gives CosyVoice3's meaning of each), latent-space models fill Latents.
 type VoicePrompt struct {
-	Text         string    // the prompt text: an instruction and the clip's transcript
+	Text         string    // the prompt text: the clip's transcript, led by the model's instruction where it has one (CosyVoice3's)
 	SpeechTokens []int64   // the clip's speech tokens
 	Mel          []float32 // the clip's mel, frame-major [frames][MelBins]
 	MelBins      int
 	Embedding    []float32 // the speaker embedding
+	// Latents are a latent-space model's clip features (e.g. VoxCPM's AudioVAE latents),
+	// frame-major [frames][LatentDim].
+	Latents   []float32
+	LatentDim int
 }
 
 // Bytes is about what the prompt holds in memory, for caches that bound their size.
 func (p *VoicePrompt) Bytes() int {
-	return len(p.Text) + 8*len(p.SpeechTokens) + 4*len(p.Mel) + 4*len(p.Embedding)
+	return len(p.Text) + 8*len(p.SpeechTokens) + 4*len(p.Mel) + 4*len(p.Embedding) + 4*len(p.Latents)
 }
 
 // Request is one synthesis request as the router hands it to an instance.

@@ -93,6 +93,8 @@ type VoicePrompt struct {
 	MelF32Le       []byte                 `protobuf:"bytes,3,opt,name=mel_f32le,json=melF32le,proto3" json:"mel_f32le,omitempty"` // frame-major [frames][mel_bins]
 	MelBins        uint32                 `protobuf:"varint,4,opt,name=mel_bins,json=melBins,proto3" json:"mel_bins,omitempty"`
 	EmbeddingF32Le []byte                 `protobuf:"bytes,5,opt,name=embedding_f32le,json=embeddingF32le,proto3" json:"embedding_f32le,omitempty"`
+	LatentsF32Le   []byte                 `protobuf:"bytes,6,opt,name=latents_f32le,json=latentsF32le,proto3" json:"latents_f32le,omitempty"` // a latent-space model's clip features, frame-major [frames][latent_dim]
+	LatentDim      uint32                 `protobuf:"varint,7,opt,name=latent_dim,json=latentDim,proto3" json:"latent_dim,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -160,6 +162,20 @@ func (x *VoicePrompt) GetEmbeddingF32Le() []byte {
 		return x.EmbeddingF32Le
 	}
 	return nil
+}
+
+func (x *VoicePrompt) GetLatentsF32Le() []byte {
+	if x != nil {
+		return x.LatentsF32Le
+	}
+	return nil
+}
+
+func (x *VoicePrompt) GetLatentDim() uint32 {
+	if x != nil {
+		return x.LatentDim
+	}
+	return 0
 }
 
 type LoadRequest struct {
@@ -963,13 +979,16 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\tpcm_f32le\x18\x01 \x01(\fR\bpcmF32le\x12\x1f\n" +
 	"\vsample_rate\x18\x02 \x01(\rR\n" +
 	"sampleRate\x12\x12\n" +
-	"\x04text\x18\x03 \x01(\tR\x04text\"\xa7\x01\n" +
+	"\x04text\x18\x03 \x01(\tR\x04text\"\xeb\x01\n" +
 	"\vVoicePrompt\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12#\n" +
 	"\rspeech_tokens\x18\x02 \x03(\x03R\fspeechTokens\x12\x1b\n" +
 	"\tmel_f32le\x18\x03 \x01(\fR\bmelF32le\x12\x19\n" +
 	"\bmel_bins\x18\x04 \x01(\rR\amelBins\x12'\n" +
-	"\x0fembedding_f32le\x18\x05 \x01(\fR\x0eembeddingF32le\"\xad\x03\n" +
+	"\x0fembedding_f32le\x18\x05 \x01(\fR\x0eembeddingF32le\x12#\n" +
+	"\rlatents_f32le\x18\x06 \x01(\fR\flatentsF32le\x12\x1d\n" +
+	"\n" +
+	"latent_dim\x18\a \x01(\rR\tlatentDim\"\xad\x03\n" +
 	"\vLoadRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
