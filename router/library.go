@@ -36,6 +36,8 @@ type voiceView struct {
 	Seconds    float64   `json:"seconds,omitempty"`
 	SampleRate int       `json:"sample_rate,omitempty"`
 	Tokens     int       `json:"tokens,omitempty"`
+	// LatentFrames are a latent-space model's prompt frames, where Tokens are a token model's.
+	LatentFrames int `json:"latent_frames,omitempty"`
 }
 
 // Types of voices in the lists.
@@ -46,7 +48,8 @@ const (
 
 func clonedView(m voicelib.Meta) voiceView {
 	return voiceView{ID: m.Name, Object: "voice", Name: m.Name, Type: voiceCloned, Text: m.Text, CreatedAt: m.CreatedAt,
-		Consent: m.Consent, Seconds: m.Seconds, SampleRate: m.SampleRate, Tokens: m.Tokens}
+		Consent: m.Consent, Seconds: m.Seconds, SampleRate: m.SampleRate, Tokens: m.Tokens,
+		LatentFrames: m.LatentFrames}
 }
 
 // noLibrary is the error of library calls on a server without one.

@@ -113,6 +113,9 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 	bad := func(key, msg string, args ...any) error {
 		return fmt.Errorf("voice %s: %s: %s: %s", name, file, key, fmt.Sprintf(msg, args...))
 	}
+	if f.Latents != "" {
+		return nil, bad("latents", "are a latent-space model's voice; this model's voices are speech_tokens, mel and embedding")
+	}
 	v := &Voice{Name: name, Text: f.Text, SpeechTokens: f.SpeechTokens}
 	for _, id := range m.tok.Encode(f.Text) {
 		v.textIDs = append(v.textIDs, id+m.Tokenizer.Offset)

@@ -166,6 +166,7 @@ func TestVoicesRefuseBadFiles(t *testing.T) {
 		{"embedding size", func(s string) string { return strings.Replace(s, "embedding.f32", "mel.f32", 1) }, "embedding", "want flow.embedding_dim = 4"},
 		{"unknown key", func(s string) string { return s + "speed: 2\n" }, "speed", "unknown field"},
 		{"mel_bins not the flow's", func(s string) string { return s + "mel_bins: 40\n" }, "mel_bins", "is 40, the model's flow.mel_bins is 80"},
+		{"latents", func(s string) string { return s + "latents: mel.f32\nlatent_dim: 4\n" }, "latents", "a latent-space model's voice"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := LoadManifest(voiceManifest(t, c.edit))

@@ -348,6 +348,10 @@ func (m *Manifest) promptVoice(vp *tts.VoicePrompt) (*Voice, error) {
 	if !utf8.ValidString(vp.Text) {
 		return nil, bad("its text is not valid UTF-8")
 	}
+	if len(vp.Latents) > 0 {
+		// A library voice made by a latent-space model, served now by this one.
+		return nil, bad("it holds latents, a latent-space model's voice; model %s speaks in voices of speech tokens, mel and embedding", m.Name)
+	}
 	if vp.MelBins != C {
 		return nil, bad("its mel has %d bins, the model's has %d", vp.MelBins, C)
 	}

@@ -167,6 +167,7 @@ func TestTinyCosyVoice3SpeakInPrompt(t *testing.T) {
 		{"embedding", bad(func(p *tts.VoicePrompt) { p.Embedding = p.Embedding[:10] }), "its embedding holds 10 values, want 192"},
 		{"token range", bad(func(p *tts.VoicePrompt) { p.SpeechTokens[3] = 6561 }), "speech token 6561 at index 3"},
 		{"no tokens", bad(func(p *tts.VoicePrompt) { p.SpeechTokens, p.Mel = nil, nil }), "no speech tokens"},
+		{"latents", bad(func(p *tts.VoicePrompt) { p.Latents, p.LatentDim = []float32{1, 2}, 2 }), "holds latents, a latent-space model's voice"},
 		{"too long", bad(func(p *tts.VoicePrompt) {
 			for len(p.SpeechTokens) < 1100 {
 				p.SpeechTokens = append(p.SpeechTokens, p.SpeechTokens...)

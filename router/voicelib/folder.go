@@ -26,25 +26,21 @@ type Meta struct {
 	SampleRate int     `json:"sample_rate"`
 	Seconds    float64 `json:"seconds"`
 	Tokens     int     `json:"tokens"` // speech tokens of the prompt
+	// LatentFrames are the prompt's latent frames (a latent-space model's voice).
+	LatentFrames int `json:"latent_frames,omitempty"`
 }
 
 // writeFolder writes a voice's files into dir (which exists and is empty), each synced, so that
 // a rename of dir publishes complete files.
 func writeFolder(dir string, p *tts.VoicePrompt, m Meta) error {
-	f := voicefile.File{Text: p.Text, SpeechTokens: p.SpeechTokens, Transcript: m.Text, CreatedAt: m.CreatedAt.UTC(), Consent: m.Consent,
-		Source: voicefile.Source{SampleRate: m.SampleRate, Seconds: m.Seconds}}
-	if f.SpeechTokens == nil {
-		f.SpeechTokens = []int64{}
+	f, files, err := voicefile.FromPrompt(p)
+	if err != nil {
+		return fmt.Errorf("the voice prompt: %w", err)
 	}
-	if len(p.Mel) > 0 {
-		f.Mel, f.MelBins = voicefile.MelName, p.MelBins
-		if err := writeSynced(filepath.Join(dir, voicefile.MelName), voicefile.EncodeFloats(p.Mel)); err != nil {
-			return err
-		}
-	}
-	if len(p.Embedding) > 0 {
-		f.Embedding = voicefile.EmbeddingName
-		if err := writeSynced(filepath.Join(dir, voicefile.EmbeddingName), voicefile.EncodeFloats(p.Embedding)); err != nil {
+	f.Transcript, f.CreatedAt, f.Consent = m.Text, m.CreatedAt.UTC(), m.Consent
+	f.Source = voicefile.Source{SampleRate: m.SampleRate, Seconds: m.Seconds}
+	for _, ff := range files {
+		if err := writeSynced(filepath.Join(dir, ff.Name), voicefile.EncodeFloats(ff.Values)); err != nil {
 			return err
 		}
 	}
@@ -78,19 +74,26 @@ func readMeta(dir, name string) (voicefile.File, Meta, error) {
 	if err != nil {
 		return voicefile.File{}, Meta{}, err
 	}
-	var f voicefile.File
-	if err := yaml.UnmarshalWithOptions(data, &f, yaml.Strict()); err != nil {
-		return voicefile.File{}, Meta{}, fmt.Errorf("%s: %s", file, yaml.FormatError(err, false, true))
+	f, err := voicefile.Parse(data, file)
+	if err != nil {
+		return voicefile.File{}, Meta{}, err
 	}
-	if f.Mel != "" && f.MelBins <= 0 {
-		return voicefile.File{}, Meta{}, fmt.Errorf("%s: mel_bins: is required with mel", file)
+	if err := f.Check(); err != nil {
+		return voicefile.File{}, Meta{}, fmt.Errorf("%s: %w", file, err)
 	}
 	text := f.Transcript
 	if text == "" { // a voice copied from an export
 		text = f.Text
 	}
-	return f, Meta{Name: name, Text: text, CreatedAt: f.CreatedAt, Consent: f.Consent, SampleRate: f.Source.SampleRate,
-		Seconds: f.Source.Seconds, Tokens: len(f.SpeechTokens)}, nil
+	m := Meta{Name: name, Text: text, CreatedAt: f.CreatedAt, Consent: f.Consent, SampleRate: f.Source.SampleRate,
+		Seconds: f.Source.Seconds, Tokens: len(f.SpeechTokens)}
+	if f.Latents != "" && f.Latents == filepath.Base(f.Latents) {
+		// The file's size tells its frames without reading it; Prompt checks them whole.
+		if st, err := os.Stat(filepath.Join(dir, f.Latents)); err == nil {
+			m.LatentFrames = int(st.Size() / 4 / int64(f.LatentDim))
+		}
+	}
+	return f, m, nil
 }
 
 // readPrompt reads a whole voice folder into a prompt.
@@ -99,27 +102,9 @@ func readPrompt(dir, name string) (*tts.VoicePrompt, Meta, error) {
 	if err != nil {
 		return nil, Meta{}, err
 	}
-	p := &tts.VoicePrompt{Text: f.Text, SpeechTokens: f.SpeechTokens, MelBins: f.MelBins}
-	if f.Mel != "" {
-		if p.Mel, err = readFloats(dir, f.Mel); err != nil {
-			return nil, Meta{}, fmt.Errorf("mel: %w", err)
-		}
-		if len(p.Mel)%f.MelBins != 0 {
-			return nil, Meta{}, fmt.Errorf("mel: %d values are not whole frames of mel_bins %d", len(p.Mel), f.MelBins)
-		}
-	}
-	if f.Embedding != "" {
-		if p.Embedding, err = readFloats(dir, f.Embedding); err != nil {
-			return nil, Meta{}, fmt.Errorf("embedding: %w", err)
-		}
+	p, err := f.Prompt(dir)
+	if err != nil {
+		return nil, Meta{}, err
 	}
 	return p, m, nil
-}
-
-func readFloats(dir, name string) ([]float32, error) {
-	if filepath.IsAbs(name) || name != filepath.Base(name) {
-		// A library voice keeps its files in its folder; a path elsewhere is not followed.
-		return nil, fmt.Errorf("%q is not a file of the voice's folder", name)
-	}
-	return voicefile.ReadFloats(filepath.Join(dir, name))
 }

@@ -167,6 +167,9 @@ func (l *Library) Create(name string, p *tts.VoicePrompt, m Meta) error {
 		return ErrBadName
 	}
 	m.Name, m.Tokens = name, len(p.SpeechTokens)
+	if p.LatentDim > 0 {
+		m.LatentFrames = len(p.Latents) / p.LatentDim
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	final := filepath.Join(l.dir, name)

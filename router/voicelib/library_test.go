@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/voxmux/voxmux/tts"
+	"github.com/voxmux/voxmux/tts/voicefile"
 )
 
 func testPrompt(n int) *tts.VoicePrompt {
@@ -76,6 +77,71 @@ func TestCreateReadDelete(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("left behind: %v", ents)
+	}
+}
+
+// TestLatentVoice: a latent-space model's voice (latents, no speech tokens, mel or embedding) is
+// stored, read back after a restart and counted in the cache by its latents.
+func TestLatentVoice(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir, 8, 1<<20)
+	p := &tts.VoicePrompt{Text: "hello there", LatentDim: 4}
+	for i := range 6 * 4 {
+		p.Latents = append(p.Latents, float32(i)/3-2)
+	}
+	if err := l.Create("vox", p, Meta{Text: "hello there", Consent: "agreed"}); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(dir, "vox")); len(ents) != 2 {
+		t.Fatalf("files %v, want voice.yaml and latents.f32", ents)
+	}
+	l = open(t, dir, 8, 1<<20)
+	m, err := l.Get("vox")
+	if err != nil || m.LatentFrames != 6 || m.Tokens != 0 {
+		t.Fatalf("meta %+v %v, want 6 latent frames", m, err)
+	}
+	got, err := l.Prompt("vox")
+	if err != nil || !reflect.DeepEqual(got, p) {
+		t.Fatalf("prompt %+v %v, want %+v", got, err, p)
+	}
+	if _, b := l.CacheStats(); b != int64(len(p.Text)+4*len(p.Latents)) {
+		t.Fatalf("cache bytes %d", b)
+	}
+	// A prompt that would not read back is not stored.
+	if err := l.Create("bad", &tts.VoicePrompt{Text: "x", Latents: []float32{1, 2, 3}, LatentDim: 2}, Meta{}); err == nil {
+		t.Fatal("stored latents of part frames")
+	}
+	if _, err := l.Get("bad"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get bad: %v", err)
+	}
+}
+
+// TestOldFolder: a folder written before voice.yaml had latent keys is served as before.
+func TestOldFolder(t *testing.T) {
+	dir := t.TempDir()
+	old := filepath.Join(dir, "anna")
+	os.Mkdir(old, 0o755)
+	os.WriteFile(filepath.Join(old, "voice.yaml"), []byte(`text: <|endofprompt|>hello there
+speech_tokens: [0, 7]
+mel: mel.f32
+mel_bins: 4
+embedding: embedding.f32
+transcript: hello there
+created_at: 2026-01-02T03:04:05Z
+consent: Anna agreed
+source:
+  sample_rate: 16000
+  seconds: 3.5
+`), 0o644)
+	want := testPrompt(2)
+	os.WriteFile(filepath.Join(old, "mel.f32"), voicefile.EncodeFloats(want.Mel), 0o644)
+	os.WriteFile(filepath.Join(old, "embedding.f32"), voicefile.EncodeFloats(want.Embedding), 0o644)
+	l := open(t, dir, 8, 1<<20)
+	if m, err := l.Get("anna"); err != nil || m.Tokens != 2 || m.Consent != "Anna agreed" || m.LatentFrames != 0 {
+		t.Fatalf("meta %+v %v", m, err)
+	}
+	if got, err := l.Prompt("anna"); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("prompt %+v %v, want %+v", got, err, want)
 	}
 }
 
