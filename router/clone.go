@@ -38,6 +38,15 @@ var errNoExtractor = errors.New("the instance cannot compute voices")
 // with room for the other fields.
 func uploadBodyBytes(max int) int { return max/3*4 + 4 + MaxBodyBytes }
 
+// refBodyBytes bounds a request that may carry ref_audio (a speech request, a WebSocket
+// session.config): room for a clip on a model that clones, MaxBodyBytes on others.
+func (s *Server) refBodyBytes() int {
+	if s.o.Pool.Model().Cloning {
+		return uploadBodyBytes(s.o.MaxUploadBytes)
+	}
+	return MaxBodyBytes
+}
+
 // notCloning is the error for cloning on a model that cannot.
 func (s *Server) notCloning(param string) *apiError {
 	e := newError(fasthttp.StatusNotImplemented, "invalid_request_error", "cloning_not_supported",
@@ -162,29 +171,30 @@ func voiceID(raw json.RawMessage) string {
 	return obj.ID
 }
 
-// refClip reads a request's ref_audio and ref_text; nil when it has neither. library tells that
-// its voice is a library voice, which a reference clip would contradict.
-func (s *Server) refClip(r speechRequest, library bool) (*tts.VoiceClip, *apiError) {
-	if r.RefAudio == nil && r.RefText == nil {
+// refClip reads a request's ref_audio and ref_text (a speech request's or a WebSocket
+// session.config's); nil when it has neither. library tells that its voice is a library voice,
+// which a reference clip would contradict.
+func (s *Server) refClip(refAudio, refText *string, library bool) (*tts.VoiceClip, *apiError) {
+	if refAudio == nil && refText == nil {
 		return nil, nil
 	}
 	switch {
 	case !s.o.Pool.Model().Cloning:
 		return nil, s.notCloning("ref_audio")
-	case r.RefAudio == nil || *r.RefAudio == "":
+	case refAudio == nil || *refAudio == "":
 		return nil, invalid("ref_audio", "ref_text needs ref_audio: the reference clip, base64")
-	case r.RefText == nil || strings.TrimSpace(*r.RefText) == "":
+	case refText == nil || strings.TrimSpace(*refText) == "":
 		return nil, invalid("ref_text", "ref_audio needs ref_text: the transcript of the clip")
 	case library:
 		return nil, invalid("ref_audio", "voice names a cloned voice and ref_audio brings another; send one of them")
-	case !utf8.ValidString(*r.RefText) || utf8.RuneCountInString(*r.RefText) > maxTranscriptChars:
+	case !utf8.ValidString(*refText) || utf8.RuneCountInString(*refText) > maxTranscriptChars:
 		return nil, invalid("ref_text", fmt.Sprintf("ref_text must be UTF-8 of at most %d characters", maxTranscriptChars))
 	}
-	data, aerr := s.decodeBase64Audio(*r.RefAudio, "ref_audio")
+	data, aerr := s.decodeBase64Audio(*refAudio, "ref_audio")
 	if aerr != nil {
 		return nil, aerr
 	}
-	clip, aerr := s.decodeClip(data, strings.TrimSpace(*r.RefText), "ref_audio")
+	clip, aerr := s.decodeClip(data, strings.TrimSpace(*refText), "ref_audio")
 	if aerr != nil {
 		return nil, aerr
 	}

@@ -97,6 +97,10 @@ type wsIn struct {
 	SampleRate     int             `json:"sample_rate"`
 	Seed           *uint64         `json:"seed"`
 	AudioEncoding  string          `json:"audio_encoding"`
+	// RefAudio (base64 audio) and RefText (its transcript) clone the session's voice, as in a
+	// speech request.
+	RefAudio *string `json:"ref_audio"`
+	RefText  *string `json:"ref_text"`
 }
 
 // wsOut is a message to the client: JSON, then its audio as a binary frame when the session
@@ -124,7 +128,7 @@ type wsSession struct {
 	// Set by session.config, read-only after.
 	configured bool
 	voice      string
-	prompt     *tts.VoicePrompt // a library voice's
+	prompt     *tts.VoicePrompt // a library voice's, or the one computed from ref_audio
 	format     string
 	rate       int // of pcm output
 	seed       uint64
@@ -203,7 +207,8 @@ func (ss *wsSession) serve() {
 			}
 		}
 	}()
-	ss.conn.SetReadLimit(MaxBodyBytes)
+	// Until session.config, room for its ref_audio; then the bound of every other message.
+	ss.conn.SetReadLimit(int64(ss.s.refBodyBytes()))
 	writerDone := make(chan struct{})
 	go func() {
 		defer close(writerDone)
@@ -220,6 +225,12 @@ func (ss *wsSession) serve() {
 			continue
 		}
 		ss.handle(data)
+		if ss.configured {
+			ss.conn.SetReadLimit(MaxBodyBytes)
+		}
+		// The time a message took to handle (session.config's voice extraction) is not the
+		// peer's silence.
+		alive()
 	}
 	// The socket is closed: every context's requests are cancelled.
 	ss.cancel()
@@ -283,6 +294,7 @@ type wsError struct {
 	ContextID string `json:"context_id,omitempty"`
 	Code      string `json:"code"`
 	Message   string `json:"message"`
+	Param     string `json:"param,omitempty"` // the session.config field at fault, where the HTTP API names one
 }
 
 func (ss *wsSession) fail(c *wsContext, code, msg string) {
@@ -291,6 +303,18 @@ func (ss *wsSession) fail(c *wsContext, code, msg string) {
 		e.ContextID = c.id
 	}
 	ss.send(wsOut{c: c, json: e})
+}
+
+// failAPI sends an error of the HTTP API's as the session's: its code, message and param.
+func (ss *wsSession) failAPI(e *apiError) {
+	w := wsError{Type: "error", Code: "invalid_value", Message: e.Message}
+	if e.Code != nil {
+		w.Code = *e.Code
+	}
+	if e.Param != nil {
+		w.Param = *e.Param
+	}
+	ss.send(wsOut{json: w})
 }
 
 func (ss *wsSession) handle(data []byte) {
@@ -378,6 +402,11 @@ func (ss *wsSession) config(m wsIn) {
 		ss.fail(nil, "invalid_voice", aerr.Message)
 		return
 	}
+	clip, aerr := ss.s.refClip(m.RefAudio, m.RefText, prompt != nil)
+	if aerr != nil {
+		ss.failAPI(aerr)
+		return
+	}
 	format := m.ResponseFormat
 	if format == "" {
 		format = "pcm"
@@ -398,18 +427,35 @@ func (ss *wsSession) config(m wsIn) {
 		}
 		rate = m.SampleRate
 	}
+	var binary bool
 	switch m.AudioEncoding {
 	case "", "binary":
-		ss.binary = true
+		binary = true
 	case "base64":
 	default:
 		ss.fail(nil, "invalid_audio_encoding", fmt.Sprintf("audio_encoding %q is not binary or base64", m.AudioEncoding))
 		return
 	}
+	if clip != nil {
+		// Last, so that a config refused for another field costs no instance time. The read loop
+		// waits meanwhile: whatever the client sends next finds the session configured.
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(ss.ctx, ss.s.o.RequestTimeout)
+		p, err := ss.s.extractVoice(ctx, *clip)
+		cancel()
+		if err != nil {
+			e := extractError(err, "ref_audio")
+			ss.log.Warn("speech stream", "status", e.Status, "error", err, "stage", "ref_audio", "ms", time.Since(start).Milliseconds())
+			ss.failAPI(e)
+			return
+		}
+		ss.log.Info("speech stream", "stage", "ref_audio", "ms", time.Since(start).Milliseconds())
+		prompt = p
+	}
 	if m.Seed != nil {
 		ss.seed = *m.Seed
 	}
-	ss.configured, ss.voice, ss.prompt, ss.format, ss.rate = true, voice, prompt, format, rate
+	ss.configured, ss.voice, ss.prompt, ss.format, ss.rate, ss.binary = true, voice, prompt, format, rate, binary
 	created := map[string]any{"type": "session.created", "session_id": ss.id, "model": model.Name, "voice": voice,
 		"response_format": format, "audio_encoding": map[bool]string{true: "binary", false: "base64"}[ss.binary],
 		"min_chars": ss.opt.MinChars, "max_chars": ss.opt.MaxChars}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +93,7 @@ type wsMsg struct {
 	Text         string  `json:"text"`
 	Code         string  `json:"code"`
 	Message      string  `json:"message"`
+	Param        string  `json:"param"`
 	Reason       string  `json:"reason"`
 	Bytes        int     `json:"bytes"`
 	Start        float64 `json:"start"`
@@ -406,5 +408,102 @@ func TestRealtimeTextAfterInputDone(t *testing.T) {
 		if m.Type == "audio.start" && m.Text != "Done soon." {
 			t.Fatalf("spoke %q", m.Text)
 		}
+	}
+}
+
+// A session.config's ref_audio and ref_text clone the session's voice as a speech request's do:
+// the voice is computed once, before session.created, and every segment speaks in it; a bad clip
+// gets the HTTP API's code, message and param, and leaves the session unconfigured.
+func TestRealtimeRefAudio(t *testing.T) {
+	c := newCloner(nil)
+	const maxUpload = 100_000
+	url := serveLibrary(t, t.TempDir(), c, func(o *Options) { o.MaxUploadBytes = maxUpload })
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+		t.Fatalf("create: %d %s", resp.StatusCode, b)
+	}
+	clips := c.clips.Load()
+	ref := base64.StdEncoding.EncodeToString(wav16(16000, 2))
+	ws := wsDial(t, url, nil)
+	for _, tc := range []struct {
+		name        string
+		config      obj
+		code, param string
+		words       string
+	}{
+		{"no ref_text", obj{"ref_audio": ref}, "invalid_value", "ref_text", "ref_audio needs ref_text"},
+		{"no ref_audio", obj{"ref_text": "hello"}, "invalid_value", "ref_audio", "ref_text needs ref_audio"},
+		{"with a cloned voice", obj{"voice": "anna", "ref_audio": ref, "ref_text": "hello"}, "invalid_value", "ref_audio", "send one of them"},
+		{"not base64", obj{"ref_audio": "%%%", "ref_text": "hello"}, "invalid_value", "ref_audio", "not base64"},
+		{"not audio", obj{"ref_audio": base64.StdEncoding.EncodeToString([]byte("not audio")), "ref_text": "hello"}, "invalid_value", "ref_audio", "cannot be read"},
+		{"too short", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 0.5)), "ref_text": "hello"}, "invalid_value", "ref_audio", "the clip is 0.50 seconds"},
+		{"too large", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 4)), "ref_text": "hello"}, "file_too_large", "ref_audio", "the limit is 100000"},
+		// The mock instance refuses any clip but 2 s at 16 kHz: the instance's verdict.
+		{"refused by the instance", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(24000, 2)), "ref_text": "hello"}, "invalid_value", "ref_audio", "unexpected clip"},
+	} {
+		tc.config["type"] = "session.config"
+		wsSend(t, ws, tc.config)
+		if m := wsRead(t, ws); m.Type != "error" || m.Code != tc.code || m.Param != tc.param || !strings.Contains(m.Message, tc.words) {
+			t.Errorf("%s: %+v, want error %s on %s saying %q", tc.name, m, tc.code, tc.param, tc.words)
+		}
+	}
+	if n := c.clips.Load() - clips; n != 1 {
+		t.Fatalf("the instance computed %d voices, want 1 (the clip it refused)", n)
+	}
+	wsSend(t, ws, obj{"type": "input.text", "text": "early"})
+	if m := wsRead(t, ws); m.Code != "session_not_configured" {
+		t.Fatalf("a refused config configured the session: %+v", m)
+	}
+	wsSend(t, ws, obj{"type": "session.config", "voice": "alloy", "ref_audio": ref, "ref_text": "Hello, this is Anna."})
+	if m := wsRead(t, ws); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	if n := c.clips.Load() - clips; n != 2 {
+		t.Fatalf("the instance computed %d voices, want 2", n)
+	}
+	wsSend(t, ws, obj{"type": "input.text", "text": "Hello there. How are you?"})
+	wsSend(t, ws, obj{"type": "input.done"})
+	for m := wsRead(t, ws); m.Type != "context.closed"; m = wsRead(t, ws) {
+		if m.Type == "error" {
+			t.Fatalf("%+v", m)
+		}
+	}
+	for i := range 2 {
+		if p := <-c.prompts; p == nil || !reflect.DeepEqual(*p, fixedPrompt) {
+			t.Fatalf("segment %d: the instance got prompt %+v", i, p)
+		}
+	}
+	if n := c.clips.Load() - clips; n != 2 {
+		t.Fatalf("segments computed the voice again: %d", n)
+	}
+	// Once configured, a message is bounded as before: room for a clip was for session.config.
+	wsSend(t, ws, obj{"type": "input.text", "text": strings.Repeat("a", MaxBodyBytes)})
+	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := ws.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("a message over %d bytes after session.config: %v, want close 1009", MaxBodyBytes, err)
+	}
+
+	// A session.config past the bound of a speech request with ref_audio ends the session, as
+	// the HTTP API answers 413.
+	ws = wsDial(t, url, nil)
+	wsSend(t, ws, obj{"type": "session.config", "ref_audio": strings.Repeat("A", uploadBodyBytes(maxUpload)), "ref_text": "hello"})
+	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := ws.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("session.config over the bound: %v, want close 1009", err)
+	}
+}
+
+// A model that does not clone answers ref_audio as the HTTP API does.
+func TestRealtimeRefAudioNotCloning(t *testing.T) {
+	url := serveTest(t, ready("a", &fakeSynth{chunks: 1}, 4))
+	ws := wsDial(t, url, nil)
+	wsSend(t, ws, obj{"type": "session.config", "ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 2)), "ref_text": "hello"})
+	if m := wsRead(t, ws); m.Type != "error" || m.Code != "cloning_not_supported" || m.Param != "ref_audio" {
+		t.Fatalf("%+v, want cloning_not_supported", m)
+	}
+	// Its messages are bounded as before.
+	wsSend(t, ws, obj{"type": "session.config", "ref_audio": strings.Repeat("A", MaxBodyBytes), "ref_text": "hello"})
+	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := ws.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
+		t.Fatalf("session.config over %d bytes: %v, want close 1009", MaxBodyBytes, err)
 	}
 }

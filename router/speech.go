@@ -67,10 +67,7 @@ type speechJob struct {
 }
 
 func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
-	limit := MaxBodyBytes
-	if s.o.Pool.Model().Cloning {
-		limit = uploadBodyBytes(s.o.MaxUploadBytes) // room for ref_audio
-	}
+	limit := s.refBodyBytes()
 	if len(body) > limit {
 		return nil, newError(fasthttp.StatusRequestEntityTooLarge, "invalid_request_error", "request_too_large",
 			fmt.Sprintf("request body is larger than %s", sizeText(limit)))
@@ -112,7 +109,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if aerr != nil {
 		return nil, aerr
 	}
-	clip, aerr := s.refClip(r, prompt != nil)
+	clip, aerr := s.refClip(r.RefAudio, r.RefText, prompt != nil)
 	if aerr != nil {
 		return nil, aerr
 	}
