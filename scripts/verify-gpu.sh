@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -129,6 +129,115 @@ cv3bench() {
     --out "${BENCH_OUT:-$logs/cv3bench}"
   kill -TERM $vpid $bpid; wait $vpid $bpid
 }
+
+# Voice cloning on CosyVoice3 (the export in $CV3, with its voice $VOICE): N library voices made
+# from one CLIP_S-second clip through POST /v1/audio/voices, each timed, then the first-audio time
+# (TTFB) of M short requests in the built-in voice and M in the first cloned one, alternating, one
+# at a time (WARMUP of each first, not counted). Prints a markdown table and writes it to
+# $LOGS/clonebench.md. PROVIDER=cpu serves on the CPU instead of GPU 0: with the tiny export
+# (models/tiny-cosyvoice3) a check of this script, not a measurement.
+clonebench() (
+  cv3=${CV3:-/tmp/cv3} provider=${PROVIDER:-cuda} voice=${VOICE:-bench} n=${N:-5} m=${M:-20} warmup=${WARMUP:-2}
+  port=8086 token=clonebench-admin-token
+  url=http://127.0.0.1:$port out=$logs/clonebench
+  text=${TEXT:-Good morning. The train to the city leaves at ten.}
+  rm -rf "$out" && mkdir -p "$out" || exit 1
+  if [ "$provider" = cpu ]; then
+    group="  - {name: cpu, gpus: [], instances: 1, max_inflight: 4}"
+    device="the CPU ($(nproc) cores)"
+  else
+    group="  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
+    device=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  fi
+  cat > "$out/clonebench.yaml" <<YAML
+listen: 127.0.0.1:$port
+model: $cv3/pipeline.yaml
+provider: $provider
+onnxruntime: $ort/libonnxruntime.so
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+voices: {dir: $out/voices}
+admin: {listen: 127.0.0.1:19096, token: $token}
+groups:
+$group
+YAML
+  # A voiced-like clip: 12 harmonics of a gliding 140 Hz pitch, a 4 Hz syllable envelope and a
+  # little noise (as the engine's tests make theirs), 16-bit mono at 24 kHz.
+  python3 - "$out/clip.wav" "${CLIP_S:-5}" <<'PY' || { echo "could not write the clip"; exit 1; }
+import math, random, struct, sys, wave
+rate, secs = 24000, float(sys.argv[2])
+rnd, phase, frames = random.Random(1), 0.0, bytearray()
+for i in range(int(secs * rate)):
+    t = i / rate
+    phase += 2 * math.pi * (140 + 30 * math.sin(2 * math.pi * 0.7 * t)) / rate
+    v = sum(math.sin(h * phase) / h for h in range(1, 13))
+    x = 0.25 * (0.55 + 0.45 * math.sin(2 * math.pi * 4 * t)) * v + 0.01 * rnd.gauss(0, 1)
+    frames += struct.pack("<h", max(-32768, min(32767, round(x * 32767))))
+with wave.open(sys.argv[1], "wb") as w:
+    w.setnchannels(1); w.setsampwidth(2); w.setframerate(rate); w.writeframes(bytes(frames))
+PY
+  "$bin" serve --config "$out/clonebench.yaml" > "$out/serve.log" 2>&1 &
+  pid=$!
+  trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null' EXIT
+  wait_ready "$url" "${READY_S:-600}" $pid || { echo "not ready"; tail -20 "$out/serve.log"; exit 1; }
+
+  auth="Authorization: Bearer $token"
+  for i in $(seq 1 "$n"); do
+    curl -s -o "$out/voice-$i.json" -w '%{http_code} %{time_total}\n' -H "$auth" "$url/v1/audio/voices" \
+      -F "name=clone$i" -F "file=@$out/clip.wav" -F "text=A synthetic voiced clip for timing voice creation." \
+      -F "consent=Synthetic audio, no speaker." > "$out/create-$i.txt"
+    read -r code secs < "$out/create-$i.txt"
+    [ "$code" = 201 ] || { echo "creating clone$i: HTTP $code"; cat "$out/voice-$i.json"; echo; exit 1; }
+    echo "$secs" >> "$out/create.txt"
+  done
+
+  # say VOICE SEED: prints the seconds to the first byte of a streamed answer.
+  say() {
+    local r code secs bytes
+    r=$(curl -s -o /dev/null -w '%{http_code} %{time_starttransfer} %{size_download}' "$url/v1/audio/speech" \
+      -d "{\"input\":\"$text\",\"voice\":\"$1\",\"response_format\":\"pcm\",\"seed\":$2}") || { echo "curl failed" >&2; return 1; }
+    read -r code secs bytes <<< "$r"
+    [ "$code" = 200 ] && [ "$bytes" -gt 0 ] || { echo "voice $1: HTTP $code, $bytes bytes" >&2; return 1; }
+    echo "$secs"
+  }
+  for i in $(seq 1 "$warmup"); do
+    say "$voice" "$i" >> "$out/warmup-builtin.txt" && say clone1 "$i" >> "$out/warmup-cloned.txt" || exit 1
+  done
+  for i in $(seq 1 "$m"); do
+    say "$voice" "$i" >> "$out/ttfb-builtin.txt" && say clone1 "$i" >> "$out/ttfb-cloned.txt" || exit 1
+  done
+
+  python3 - "$out" "$cv3/voices/$voice/voice.yaml" "$voice" "$n" "$m" "$warmup" "$device" "$provider" "$("$bin" version | cut -d' ' -f2)" "${CLIP_S:-5}" <<'PY' | tee "$logs/clonebench.md"
+import json, math, os, re, sys
+out, yml, voice, n, m, warmup, device, provider, version, clip = sys.argv[1:]
+def secs(name):
+    p = os.path.join(out, name)
+    return [float(l) for l in open(p)] if os.path.exists(p) else []
+def pct(xs, p):  # nearest rank
+    xs = sorted(xs)
+    return xs[max(0, math.ceil(p / 100 * len(xs)) - 1)]
+def row(what, xs):
+    ms = [1000 * x for x in xs]
+    return "| %s | %d | %.0f | %.0f |" % (what, len(ms), pct(ms, 50), pct(ms, 95))
+try:
+    bench_tokens = len(re.search(r"speech_tokens:\s*\[([^\]]*)\]", open(yml).read()).group(1).split(","))
+except (OSError, AttributeError):
+    bench_tokens = "?"
+clone_tokens = json.load(open(os.path.join(out, "voice-1.json"))).get("tokens", "?")
+print("Voice cloning on %s, provider %s, voxmux %s: %s library voices made from one %s s clip, then %s requests"
+      " in each voice, alternating, one at a time, after %s warm-up requests each." % (device, provider, version, n, clip, m, warmup))
+print("Prompts: built-in `%s` %s speech tokens, cloned `clone1` %s.\n" % (voice, bench_tokens, clone_tokens))
+print("| what | n | P50 (ms) | P95 (ms) |")
+print("|---|---:|---:|---:|")
+print(row("voice creation (POST /v1/audio/voices, whole request)", secs("create.txt")))
+print(row("TTFB, built-in voice `%s`" % voice, secs("ttfb-builtin.txt")))
+print(row("TTFB, cloned voice `clone1` (cached)", secs("ttfb-cloned.txt")))
+w = secs("warmup-cloned.txt")
+if w:
+    print("\nFirst request in the cloned voice (warm-up, not counted): %.0f ms; in the built-in: %.0f ms."
+          % (1000 * w[0], 1000 * secs("warmup-builtin.txt")[0]))
+PY
+)
 
 # Each stage of $BIG timed alone on GPU 0 (voxmux bench stages).
 stages() {
