@@ -9,6 +9,7 @@ import (
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/piper"
 	"github.com/voxmux/voxmux/instance/staged"
+	"github.com/voxmux/voxmux/instance/voxcpm"
 )
 
 // version is set at build time (-ldflags "-X main.version=...").
@@ -21,8 +22,9 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	// The model families this binary serves, in the order they claim a model's path.
-	families := instance.Families{piper.Family{}, staged.Family{}}
+	// The model families this binary serves, in the order they claim a model's path (staged
+	// claims every path, so it comes last).
+	families := instance.Families{piper.Family{}, voxcpm.Family{}, staged.Family{}}
 	root.AddCommand(serveCmd(families), instanceCmd(families), ctlCmd(), gpusCmd(), benchCmd(nil), voicesCmd(), versionCmd())
 	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "voxmux:", err)

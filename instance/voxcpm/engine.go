@@ -1,0 +1,427 @@
+package voxcpm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// joinsPerStep bounds the prefills between two steps: a burst of arrivals joins over several
+// steps instead of holding every running stream for all of their prefills at once.
+const joinsPerStep = 4
+
+// The engine's stages, in StageStats' names.
+const (
+	stagePrefill = iota // a request's prefill and its VAE state's priming
+	stageStep
+	stageVAE
+)
+
+var stageNames = []string{"prefill", "step", "vae"}
+
+var errShutDown = errors.New("engine is shut down")
+
+// Engine serves one export on one device. Requests queue for the scheduler goroutine (loop),
+// which owns the runner: it prefills arrivals into free slots, then steps every running stream
+// by one patch in one step run and one VAE decoder run, and hands each stream its audio.
+type Engine struct {
+	m     *Manifest
+	tok   tokenizer
+	run   runner
+	slots int // the most streams at once (max_inflight)
+	queue *engine.Queue[*request]
+	// done closes when the engine shuts down.
+	done  chan struct{}
+	wg    sync.WaitGroup
+	once  sync.Once
+	stats *engine.Counters
+	// used counts the slots streams hold.
+	used    atomic.Int64
+	cancels cancelCounters
+	// enc makes voices from clips; nil without graphs.vae_encoder.
+	enc *voiceEncoder
+	// closeRest frees what the engine's runner and encoder run on.
+	closeRest func()
+}
+
+// newEngine starts the scheduler over run, with room for slots streams at once.
+func newEngine(m *Manifest, tok tokenizer, run runner, slots int) *Engine {
+	e := &Engine{m: m, tok: tok, run: run, slots: max(slots, 1), queue: engine.NewQueue[*request](),
+		done: make(chan struct{}), stats: engine.NewCounters(stageNames...)}
+	e.wg.Add(1)
+	go e.loop()
+	return e
+}
+
+// Stats counts each stage's runs and the streams they carried.
+func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
+
+// Slots is the number of slots streams hold now.
+func (e *Engine) Slots() int { return int(e.used.Load()) }
+
+// Close stops the scheduler (requests still running fail) and frees the graphs.
+func (e *Engine) Close() error {
+	var err error
+	e.once.Do(func() {
+		close(e.done)
+		e.queue.Close()
+		e.wg.Wait()
+		err = e.run.close()
+		if e.enc != nil {
+			err = errors.Join(err, e.enc.close())
+		}
+		if e.closeRest != nil {
+			e.closeRest()
+		}
+	})
+	return err
+}
+
+// request is one synthesis request moving through the engine.
+type request struct {
+	ctx     context.Context
+	p       *prompt
+	bound   int // the most patches
+	seed    uint64
+	cfg     float32
+	arrived time.Time
+	// cancelAt is when the request was cancelled while the engine held it (UnixNano; 0: not
+	// cancelled, -1: counted). See cancel.go.
+	cancelAt atomic.Int64
+
+	// Output, from the scheduler to Synthesize.
+	mu     sync.Mutex
+	out    []tts.Chunk
+	closed bool
+	err    error
+	notify chan struct{}
+}
+
+// context is the voice's last vae.context_patches patches, which prime the VAE state; nil
+// without a voice.
+func (r *request) context(m *Manifest) []float32 {
+	v := r.p.voice
+	if v == nil || m.VAE.ContextPatches == 0 {
+		return nil
+	}
+	k := min(m.VAE.ContextPatches, v.patches)
+	return v.latents[(v.patches-k)*m.patchFloats():]
+}
+
+func (r *request) push(c tts.Chunk) {
+	r.mu.Lock()
+	r.out = append(r.out, c)
+	r.mu.Unlock()
+	r.wake()
+}
+
+func (r *request) finish(err error) {
+	r.mu.Lock()
+	if !r.closed {
+		r.closed, r.err = true, err
+	}
+	r.mu.Unlock()
+	r.wake()
+}
+
+func (r *request) take() ([]tts.Chunk, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := r.out
+	r.out = nil
+	return out, r.closed, r.err
+}
+
+func (r *request) wake() {
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+// Synthesize runs req and calls emit with each patch's audio, in order, as soon as it is
+// decoded. It returns when the audio is complete, emit fails or ctx ends.
+func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	if req.Text == "" {
+		return tts.ErrEmptyText
+	}
+	if !utf8.ValidString(req.Text) {
+		return tts.Invalid("text is not valid UTF-8")
+	}
+	v, err := e.requestVoice(req)
+	if err != nil {
+		return err
+	}
+	p, err := e.m.buildPrompt(e.tok, v, req.Text)
+	if err != nil {
+		return err
+	}
+	bound, err := e.m.patchBound(p)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // a request that returns early (emit failed) leaves its slot
+	r := &request{ctx: ctx, p: p, bound: bound, seed: req.Seed, cfg: e.m.Generation.CFGValue,
+		arrived: time.Now(), notify: make(chan struct{}, 1)}
+	defer e.watchCancel(r)()
+	select {
+	case <-e.done:
+		return errShutDown
+	default:
+	}
+	e.queue.Push(r)
+	index := 0
+	for {
+		chunks, closed, err := r.take()
+		for _, c := range chunks {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			c.Index = index
+			index++
+			if err := emit(c); err != nil {
+				return err
+			}
+		}
+		if closed {
+			return err
+		}
+		select {
+		case <-r.notify:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-e.done:
+			return errShutDown
+		}
+	}
+}
+
+// requestVoice is the voice a request speaks in: its Prompt, else its named voice.
+func (e *Engine) requestVoice(req tts.Request) (*voice, error) {
+	if req.Prompt != nil {
+		return e.m.promptVoice(req.Prompt)
+	}
+	return e.m.voice(req.Voice), nil
+}
+
+// scheduler is the loop's state: the slots and the requests waiting for one.
+type scheduler struct {
+	e       *Engine
+	rows    []*row // by slot; nil where free
+	live    int
+	waiting []*request
+}
+
+// loop is the scheduler goroutine: the only one that runs the graphs.
+func (e *Engine) loop() {
+	defer e.wg.Done()
+	s := &scheduler{e: e, rows: make([]*row, e.slots)}
+	ready := e.queue.Ready()
+	for {
+		arrived, ok := e.queue.TryPopAll()
+		s.waiting = append(s.waiting, arrived...)
+		if !ok {
+			s.failAll(errShutDown)
+			return
+		}
+		s.dropCancelled()
+		if s.live == 0 && len(s.waiting) == 0 {
+			<-ready
+			continue
+		}
+		s.join()
+		if err := s.compact(); err != nil {
+			s.failAll(err)
+			continue
+		}
+		if s.live > 0 {
+			s.step()
+		}
+	}
+}
+
+// free empties slot b.
+func (s *scheduler) free(b int) {
+	s.rows[b] = nil
+	s.live--
+	s.e.used.Add(-1)
+}
+
+// failAll ends every request the scheduler holds with err.
+func (s *scheduler) failAll(err error) {
+	for b, r := range s.rows {
+		if r != nil {
+			r.r.finish(err)
+			s.free(b)
+		}
+	}
+	for _, r := range s.waiting {
+		r.finish(err)
+	}
+	s.waiting = nil
+}
+
+// dropCancelled ends the requests whose context has ended, freeing their slots before the next
+// step.
+func (s *scheduler) dropCancelled() {
+	for b, r := range s.rows {
+		if r == nil {
+			continue
+		}
+		if err := r.r.ctx.Err(); err != nil {
+			r.r.finish(err)
+			s.free(b)
+			s.e.cancels.left(r.r)
+		}
+	}
+	kept := s.waiting[:0]
+	for _, r := range s.waiting {
+		if err := r.ctx.Err(); err != nil {
+			r.finish(err)
+			s.e.cancels.left(r)
+			continue
+		}
+		kept = append(kept, r)
+	}
+	clear(s.waiting[len(kept):])
+	s.waiting = kept
+}
+
+// join prefills up to joinsPerStep waiting requests, in arrival order, into the lowest free slots.
+func (s *scheduler) join() {
+	e, m := s.e, s.e.m
+	for k := 0; k < joinsPerStep && len(s.waiting) > 0; k++ {
+		b := s.lowestFree()
+		if b < 0 {
+			return
+		}
+		r := s.waiting[0]
+		s.waiting[0] = nil
+		s.waiting = s.waiting[1:]
+		t0 := time.Now()
+		e.stats.Waited(stagePrefill, t0, r.arrived)
+		mu, stop, err := s.prefill(b, r)
+		e.stats.Count(stagePrefill, 1, t0)
+		if err != nil {
+			r.finish(err)
+			continue
+		}
+		cond := make([]float32, m.patchFloats())
+		if v := r.p.voice; v != nil {
+			copy(cond, v.latents[(v.patches-1)*m.patchFloats():])
+		}
+		s.rows[b] = &row{r: r, slot: b, pos: r.p.length(), mu: mu, stop: stop, cond: cond}
+		s.live++
+		e.used.Add(1)
+	}
+}
+
+// prefill runs r's prompt into slot b and primes its VAE state.
+func (s *scheduler) prefill(b int, r *request) ([]float32, [2]float32, error) {
+	run := s.e.run
+	if err := run.reserve(b + 1); err != nil {
+		return nil, [2]float32{}, err
+	}
+	mu, stop, err := run.prefill(b, r.p)
+	if err != nil {
+		return nil, stop, err
+	}
+	if len(mu) != s.e.m.DiTHidden {
+		return nil, stop, fmt.Errorf("prefill: mu has %d values, want dit_hidden = %d", len(mu), s.e.m.DiTHidden)
+	}
+	return mu, stop, run.prime(b, r.context(s.e.m))
+}
+
+func (s *scheduler) lowestFree() int {
+	for b, r := range s.rows {
+		if r == nil {
+			return b
+		}
+	}
+	return -1
+}
+
+// top is one past the highest slot in use.
+func (s *scheduler) top() int {
+	for b := len(s.rows) - 1; b >= 0; b-- {
+		if s.rows[b] != nil {
+			return b + 1
+		}
+	}
+	return 0
+}
+
+// compact moves the highest streams down into the free slots below them, so that a step runs
+// over exactly the streams: every slot under the top costs a whole row of the step's work.
+func (s *scheduler) compact() error {
+	var moves []slotMove
+	for {
+		f, t := s.lowestFree(), s.top()-1
+		if f < 0 || f > t {
+			break
+		}
+		r := s.rows[t]
+		moves = append(moves, slotMove{from: t, to: f, positions: r.pos})
+		s.rows[f], s.rows[t] = r, nil
+		r.slot = f
+	}
+	return s.e.run.move(moves)
+}
+
+// step runs one patch of every stream: the step graph, then the VAE decoder, over slots
+// [0, top); each stream's audio leaves as soon as the decoder returns.
+func (s *scheduler) step() {
+	e, m := s.e, s.e.m
+	n := s.top()
+	H, PD := m.DiTHidden, m.patchFloats()
+	in := newStepIn(m, n)
+	for b, r := range s.rows[:n] {
+		if r == nil {
+			continue
+		}
+		copy(in.mu[b*H:], r.mu)
+		copy(in.cond[b*PD:], r.cond)
+		fillNoise(in.noise[b*PD:(b+1)*PD], r.r.seed, r.i)
+		in.cfg[b] = r.r.cfg
+		in.seqlens[b] = int32(r.pos)
+	}
+	t0 := time.Now()
+	out, err := e.run.step(in)
+	e.stats.Count(stageStep, s.live, t0)
+	if err != nil {
+		s.failAll(err)
+		return
+	}
+	t1 := time.Now()
+	audio, err := e.run.decode(n)
+	e.stats.Count(stageVAE, s.live, t1)
+	if err != nil {
+		s.failAll(err)
+		return
+	}
+	S := m.patchSamples()
+	for b, r := range s.rows[:n] {
+		if r == nil {
+			continue
+		}
+		r.r.push(tts.Chunk{PCM: append([]float32(nil), audio[b*S:(b+1)*S]...), SampleRate: m.SampleRate})
+		done := ends(r.i, r.stop, m.Generation.MinLen, r.r.bound)
+		copy(r.cond, out.patch[b*PD:(b+1)*PD])
+		copy(r.mu, out.nextMu[b*H:(b+1)*H])
+		copy(r.stop[:], out.nextStop[2*b:2*b+2])
+		r.pos++
+		r.i++
+		if done {
+			r.r.finish(nil)
+			s.free(b)
+		}
+	}
+}

@@ -1,0 +1,307 @@
+package voxcpm
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+)
+
+// runner runs the graphs over the slots' caches and VAE states. The scheduler goroutine alone
+// calls it; the engine's tests run the scheduler over a fake one.
+type runner interface {
+	// reserve makes room for slots [0, n).
+	reserve(n int) error
+	// prefill runs prompt p into slot s (B = 1) and returns patch 0's mu and stop logits.
+	prefill(s int, p *prompt) (mu []float32, stop [2]float32, err error)
+	// prime sets slot s's VAE state: zeros, or (context: frames of feat_dim) the state after
+	// decoding context, its audio dropped.
+	prime(s int, context []float32) error
+	// step runs the step graph over slots [0, in.n).
+	step(in *stepIn) (*stepOut, error)
+	// decode runs the VAE decoder over slots [0, n), its latents the last step's patches, and
+	// returns the audio, [n][patch_size·chunk_size].
+	decode(n int) ([]float32, error)
+	// move moves streams down into free slots.
+	move(moves []slotMove) error
+	close() error
+}
+
+// stepIn is one step's inputs for slots [0, n): free slots have zeros and length 0.
+type stepIn struct {
+	n       int
+	mu      []float32 // [n][dit_hidden]
+	cond    []float32 // [n][patch_size][feat_dim]
+	noise   []float32 // [n][feat_dim][patch_size]
+	cfg     []float32 // [n]
+	seqlens []int32   // [n]: each slot's length before the step
+}
+
+func newStepIn(m *Manifest, n int) *stepIn {
+	return &stepIn{n: n, mu: make([]float32, n*m.DiTHidden), cond: make([]float32, n*m.patchFloats()),
+		noise: make([]float32, n*m.patchFloats()), cfg: make([]float32, n), seqlens: make([]int32, n)}
+}
+
+// stepOut is a step's outputs for slots [0, n).
+type stepOut struct {
+	patch    []float32 // [n][patch_size][feat_dim]
+	nextMu   []float32 // [n][dit_hidden]
+	nextStop []float32 // [n][2]
+}
+
+// graphs runs the export's graphs through I/O binding, their caches and VAE states on the
+// device they compute on.
+type graphs struct {
+	m                        *Manifest
+	prefillS, stepS, decodeS *iobind.Session
+	c                        *caches
+	past, present            []string
+	// patch is the last step's patch output, on the device, which decode reads.
+	patch *iobind.Tensor
+}
+
+var _ runner = (*graphs)(nil)
+
+// openGraphs opens the prefill, step and VAE decoder graphs on rt's device, with caches for at
+// most slots streams.
+func openGraphs(m *Manifest, rt *ort.Runtime, slots int) (_ *graphs, err error) {
+	g := &graphs{m: m}
+	g.past, g.present = m.cacheNames()
+	defer func() {
+		if err != nil {
+			g.close()
+		}
+	}()
+	open := func(key, file, name string) (*iobind.Session, error) {
+		p := rt.Placement()
+		p.Profile = rt.ProfilePrefix(name)
+		s, err := iobind.Open(m.Path(file), p)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", key, err)
+		}
+		return s, nil
+	}
+	if g.prefillS, err = open("graphs.prefill", m.Graphs.Prefill, "voxcpm_prefill"); err != nil {
+		return nil, err
+	}
+	if g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step"); err != nil {
+		return nil, err
+	}
+	if g.decodeS, err = open("graphs.vae_decoder", m.Graphs.VAEDecoder, "voxcpm_vae_decoder"); err != nil {
+		return nil, err
+	}
+	if g.c, err = newCaches(m, g.stepS, slots, false); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *graphs) reserve(n int) error { return g.c.reserve(n) }
+
+func (g *graphs) move(moves []slotMove) error { return g.c.move(moves) }
+
+// hostInput is a graph input made from host data.
+type hostInput struct {
+	name  string
+	shape []int64
+	data  any
+}
+
+// hostTensors makes host tensors of inputs into in; the caller releases held.
+func hostTensors(in map[string]*iobind.Tensor, held *[]*iobind.Tensor, inputs ...hostInput) error {
+	for _, h := range inputs {
+		t, err := iobind.Host(h.shape, h.data)
+		if err != nil {
+			return fmt.Errorf("input %s: %w", h.name, err)
+		}
+		*held = append(*held, t)
+		in[h.name] = t
+	}
+	return nil
+}
+
+// bindCache adds cache views as past inputs and, written in place, present outputs.
+func (g *graphs) bindCache(in map[string]*iobind.Tensor, outs []iobind.Output, cache []*iobind.Tensor) []iobind.Output {
+	for i, v := range cache {
+		in[g.past[i]] = v
+		outs = append(outs, iobind.Output{Name: g.present[i], Into: v})
+	}
+	return outs
+}
+
+func (g *graphs) prefill(s int, p *prompt) ([]float32, [2]float32, error) {
+	var stop [2]float32
+	m := g.m
+	T := p.length()
+	ids, textMask, feat, featMask := m.prefillInputs(p)
+	cache, err := g.c.views(s, 1)
+	if err != nil {
+		return nil, stop, fmt.Errorf("prefill: %w", err)
+	}
+	var held []*iobind.Tensor
+	defer func() { release(held); release(cache) }()
+	in := map[string]*iobind.Tensor{}
+	err = hostTensors(in, &held,
+		hostInput{"text_ids", []int64{1, int64(T)}, ids},
+		hostInput{"text_mask", []int64{1, int64(T)}, textMask},
+		hostInput{"feat", []int64{1, int64(T), int64(m.PatchSize), int64(m.FeatDim)}, feat},
+		hostInput{"feat_mask", []int64{1, int64(T)}, featMask},
+		hostInput{"seqlens_k", []int64{1}, []int32{int32(T - 1)}},
+		hostInput{"total_sequence_length", []int64{}, []int32{int32(T)}})
+	if err != nil {
+		return nil, stop, fmt.Errorf("prefill: %w", err)
+	}
+	outs := g.bindCache(in, []iobind.Output{{Name: "mu", Host: true}, {Name: "stop_logits", Host: true}}, cache)
+	res, err := g.prefillS.Run(in, outs)
+	if err != nil {
+		return nil, stop, fmt.Errorf("prefill: %w", err)
+	}
+	defer release(res)
+	mu, err := floats(res[0], m.DiTHidden, "prefill: mu")
+	if err != nil {
+		return nil, stop, err
+	}
+	st, err := floats(res[1], 2, "prefill: stop_logits")
+	if err != nil {
+		return nil, stop, err
+	}
+	copy(stop[:], st)
+	return mu, stop, nil
+}
+
+// floats reads a host output of want values.
+func floats(t *iobind.Tensor, want int, what string) ([]float32, error) {
+	v, err := t.Float32s()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	if len(v) != want {
+		return nil, fmt.Errorf("%s has %d values (shape %v), want %d", what, len(v), t.Shape, want)
+	}
+	return v, nil
+}
+
+func (g *graphs) step(in *stepIn) (*stepOut, error) {
+	m := g.m
+	n := in.n
+	B, P, D := int64(n), int64(m.PatchSize), int64(m.FeatDim)
+	// The largest length after the step (seqlens_k is each length after it, minus one).
+	total := int32(1)
+	for _, s := range in.seqlens {
+		total = max(total, s+1)
+	}
+	if int(total) > m.LM.MaxPositions {
+		return nil, fmt.Errorf("step: a stream needs %d positions, over lm.max_positions (%d)", total, m.LM.MaxPositions)
+	}
+	cache, err := g.c.views(0, n)
+	if err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	var held []*iobind.Tensor
+	defer func() { release(held); release(cache) }()
+	inputs := map[string]*iobind.Tensor{}
+	err = hostTensors(inputs, &held,
+		hostInput{"mu", []int64{B, int64(m.DiTHidden)}, in.mu},
+		hostInput{"cond", []int64{B, P, D}, in.cond},
+		hostInput{"noise", []int64{B, D, P}, in.noise},
+		hostInput{"cfg_value", []int64{B}, in.cfg},
+		hostInput{"seqlens_k", []int64{B}, in.seqlens},
+		hostInput{"total_sequence_length", []int64{}, []int32{total}})
+	if err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	outs := g.bindCache(inputs, []iobind.Output{{Name: "patch"}, {Name: "next_mu", Host: true}, {Name: "next_stop_logits", Host: true}}, cache)
+	res, err := g.stepS.Run(inputs, outs)
+	if err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	// The patch stays where the step computed it, for the VAE decoder; the presents are views.
+	g.patch.Release()
+	g.patch = res[0]
+	defer release(res[1:])
+	out := &stepOut{patch: make([]float32, n*m.patchFloats())}
+	if g.patch.Bytes() != int64(4*len(out.patch)) {
+		return nil, fmt.Errorf("step: patch has shape %v, want [%d %d %d]", g.patch.Shape, n, P, D)
+	}
+	if err := iobind.Download(out.patch, g.patch); err != nil {
+		return nil, fmt.Errorf("step: patch: %w", err)
+	}
+	if out.nextMu, err = floats(res[1], n*m.DiTHidden, "step: next_mu"); err != nil {
+		return nil, err
+	}
+	if out.nextStop, err = floats(res[2], 2*n, "step: next_stop_logits"); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (g *graphs) decode(n int) ([]float32, error) {
+	if g.patch == nil || g.patch.Shape[0] != int64(n) {
+		return nil, errors.New("vae_decoder: no step of these rows to decode")
+	}
+	c := g.c
+	state, err := c.stateView(c.cur, 0, n)
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer state.Release()
+	next, err := c.stateView(1-c.cur, 0, n)
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer next.Release()
+	res, err := g.decodeS.Run(map[string]*iobind.Tensor{"latent": g.patch, "state": state},
+		[]iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Into: next}})
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer release(res)
+	c.swap()
+	return floats(res[0], n*g.m.patchSamples(), "vae_decoder: audio")
+}
+
+func (g *graphs) prime(s int, context []float32) error {
+	c := g.c
+	row, err := c.stateView(c.cur, s, 1)
+	if err != nil {
+		return fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer row.Release()
+	if len(context) == 0 {
+		if err := iobind.Zero(row); err != nil {
+			return fmt.Errorf("vae_decoder: zero state: %w", err)
+		}
+		return nil
+	}
+	D := g.m.FeatDim
+	var held []*iobind.Tensor
+	defer func() { release(held) }()
+	in := map[string]*iobind.Tensor{}
+	err = hostTensors(in, &held,
+		hostInput{"latent", []int64{1, int64(len(context) / D), int64(D)}, context},
+		hostInput{"state", []int64{1, int64(g.m.VAE.StateSize)}, make([]float32, g.m.VAE.StateSize)})
+	if err != nil {
+		return fmt.Errorf("vae_decoder: %w", err)
+	}
+	res, err := g.decodeS.Run(in, []iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Into: row}})
+	if err != nil {
+		return fmt.Errorf("vae_decoder: prime: %w", err)
+	}
+	release(res)
+	return nil
+}
+
+func (g *graphs) close() error {
+	g.patch.Release()
+	g.patch = nil
+	if g.c != nil {
+		g.c.release()
+	}
+	for _, s := range []*iobind.Session{g.prefillS, g.stepS, g.decodeS} {
+		if s != nil {
+			s.Close()
+		}
+	}
+	return nil
+}
