@@ -107,7 +107,7 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openGraphs(m, rt, slots)
+	g, err := openGraphs(m, rt, slots, stepGraphMode(cfg.Engine, rt.CUDA()))
 	if err != nil {
 		rt.Close()
 		return nil, err

@@ -59,13 +59,15 @@ type graphs struct {
 	past, present            []string
 	// patch is the last step's patch output, on the device, which decode reads.
 	patch *iobind.Tensor
+	// sg is set when steps run in fixed shapes (lm_cuda_graph); nil: each step its own shape.
+	sg *stepGraphs
 }
 
 var _ runner = (*graphs)(nil)
 
 // openGraphs opens the prefill, step and VAE decoder graphs on rt's device, with caches for at
-// most slots streams.
-func openGraphs(m *Manifest, rt *ort.Runtime, slots int) (_ *graphs, err error) {
+// most slots streams; mode is the step's (stepGraphMode).
+func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string) (_ *graphs, err error) {
 	g := &graphs{m: m}
 	g.past, g.present = m.cacheNames()
 	defer func() {
@@ -73,26 +75,43 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int) (_ *graphs, err error) 
 			g.close()
 		}
 	}()
-	open := func(key, file, name string) (*iobind.Session, error) {
+	open := func(key, file, name string, graphs bool) (*iobind.Session, error) {
 		p := rt.Placement()
 		p.Profile = rt.ProfilePrefix(name)
+		p.CUDAGraph = p.CUDA && graphs
 		s, err := iobind.Open(m.Path(file), p)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", key, err)
 		}
 		return s, nil
 	}
-	if g.prefillS, err = open("graphs.prefill", m.Graphs.Prefill, "voxcpm_prefill"); err != nil {
+	if g.prefillS, err = open("graphs.prefill", m.Graphs.Prefill, "voxcpm_prefill", false); err != nil {
 		return nil, err
 	}
-	if g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step"); err != nil {
+	if g.decodeS, err = open("graphs.vae_decoder", m.Graphs.VAEDecoder, "voxcpm_vae_decoder", false); err != nil {
 		return nil, err
 	}
-	if g.decodeS, err = open("graphs.vae_decoder", m.Graphs.VAEDecoder, "voxcpm_vae_decoder"); err != nil {
+	if mode == graphOff {
+		if g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", false); err != nil {
+			return nil, err
+		}
+		g.c, err = newCaches(m, g.stepS, slots, false)
+		return g, err
+	}
+	g.sg = &stepGraphs{thread: ort.NewThread()}
+	err = g.sg.thread.Do(func() (err error) {
+		g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", mode == graphOn)
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
-	if g.c, err = newCaches(m, g.stepS, slots, false); err != nil {
+	buckets := stepBuckets(slots)
+	if g.c, err = newCaches(m, g.stepS, buckets[len(buckets)-1], true); err != nil {
 		return nil, err
+	}
+	if err := g.openStepGraphs(buckets); err != nil {
+		return nil, fmt.Errorf("graphs.step (lm_cuda_graph %s): %w", mode, err)
 	}
 	return g, nil
 }
@@ -183,6 +202,9 @@ func floats(t *iobind.Tensor, want int, what string) ([]float32, error) {
 }
 
 func (g *graphs) step(in *stepIn) (*stepOut, error) {
+	if g.sg != nil {
+		return g.stepFixed(in)
+	}
 	m := g.m
 	n := in.n
 	B, P, D := int64(n), int64(m.PatchSize), int64(m.FeatDim)
@@ -295,13 +317,22 @@ func (g *graphs) prime(s int, context []float32) error {
 func (g *graphs) close() error {
 	g.patch.Release()
 	g.patch = nil
+	g.sg.close()
 	if g.c != nil {
 		g.c.release()
 	}
-	for _, s := range []*iobind.Session{g.prefillS, g.stepS, g.decodeS} {
+	for _, s := range []*iobind.Session{g.prefillS, g.decodeS} {
 		if s != nil {
 			s.Close()
 		}
 	}
+	var thread *ort.Thread
+	if g.sg != nil {
+		thread = g.sg.thread
+	}
+	if g.stepS != nil {
+		thread.Do(func() error { g.stepS.Close(); return nil })
+	}
+	thread.Close()
 	return nil
 }

@@ -1,0 +1,225 @@
+package voxcpm
+
+import (
+	"fmt"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// Step graph modes (engine option lm_cuda_graph).
+const (
+	graphOff   = "off"   // every step runs its own shape through ONNX Runtime
+	graphFixed = "fixed" // steps run in the buckets' shapes, bound once, without capturing
+	graphOn    = "on"    // the buckets' steps are captured as CUDA graphs and replayed
+)
+
+// stepGraphMode resolves lm_cuda_graph for the step graph. Unset, it is off: the captured steps
+// have not been measured against the plain ones on a GPU yet. "decode" (staged's decode steps
+// only) is "on": the step is the only graph that runs per patch.
+func stepGraphMode(o tts.EngineOptions, cuda bool) string {
+	switch o.LMCUDAGraph {
+	case "on", "decode":
+		if cuda {
+			return graphOn
+		}
+		return graphFixed // the same shapes and bindings; the CPU has no graphs to capture
+	case "fixed":
+		return graphFixed
+	}
+	return graphOff
+}
+
+// stepBuckets are the buckets' batch sizes up to the first of at least rows: powers of two to 8,
+// then steps of ×1.5 and ×4/3 (16, 24, 32, 48, ...), so padding stays under half a step's rows.
+func stepBuckets(rows int) []int {
+	var out []int
+	for b := 1; ; {
+		out = append(out, b)
+		if b >= rows {
+			return out
+		}
+		switch {
+		case b < 16:
+			b *= 2
+		case b&(b-1) == 0:
+			b += b / 2
+		default:
+			b = b / 3 * 4
+		}
+	}
+}
+
+// stepGraphs run the step graph in fixed batch sizes. A CUDA graph replays the kernels ONNX
+// Runtime launched for one shape at the addresses it saw, so each bucket has its own inputs and
+// outputs on the device, bound once, and the caches are allocated once for the largest bucket and
+// never move. A step of n streams runs the smallest bucket of at least n rows; its rows past n
+// are free slots, which write a placeholder at their position 0. total_sequence_length is
+// lm.max_positions at every step (read on the host when a graph is captured); the kernels take
+// each row's length from seqlens_k. ONNX Runtime keeps a session's graphs per OS thread, so every
+// call of the step session goes through one locked thread.
+type stepGraphs struct {
+	buckets []*stepBucket
+	thread  *ort.Thread
+}
+
+// stepBucket is one batch size's tensors and bound run.
+type stepBucket struct {
+	B                              int
+	mu, cond, noise, cfg, seqlens  *iobind.Tensor // device inputs
+	patch, nextMu, nextStop        *iobind.Tensor // device outputs
+	total                          *iobind.Tensor // host scalar
+	cache                          []*iobind.Tensor
+	run                            *iobind.Bound
+	hMu, hCond, hNoise, hCfg, hSeq *iobind.Pinned
+	hPatch, hNextMu, hNextStop     *iobind.Pinned
+}
+
+func (b *stepBucket) release() {
+	b.run.Close()
+	for _, p := range []*iobind.Pinned{b.hMu, b.hCond, b.hNoise, b.hCfg, b.hSeq, b.hPatch, b.hNextMu, b.hNextStop} {
+		p.Free()
+	}
+	release([]*iobind.Tensor{b.mu, b.cond, b.noise, b.cfg, b.seqlens, b.patch, b.nextMu, b.nextStop, b.total})
+	release(b.cache)
+}
+
+// newStepBucket makes bucket B's tensors over slots [0, B) and binds its run as graph id.
+func (g *graphs) newStepBucket(id, B int) (_ *stepBucket, err error) {
+	m, s := g.m, g.stepS
+	b := &stepBucket{B: B}
+	defer func() {
+		if err != nil {
+			b.release()
+		}
+	}()
+	n, H, P, D := int64(B), int64(m.DiTHidden), int64(m.PatchSize), int64(m.FeatDim)
+	for _, t := range []struct {
+		dst   **iobind.Tensor
+		host  **iobind.Pinned
+		shape []int64
+		elem  iobind.Elem
+	}{
+		{&b.mu, &b.hMu, []int64{n, H}, iobind.Float32},
+		{&b.cond, &b.hCond, []int64{n, P, D}, iobind.Float32},
+		{&b.noise, &b.hNoise, []int64{n, D, P}, iobind.Float32},
+		{&b.cfg, &b.hCfg, []int64{n}, iobind.Float32},
+		{&b.seqlens, &b.hSeq, []int64{n}, iobind.Int32},
+		{&b.patch, &b.hPatch, []int64{n, P, D}, iobind.Float32},
+		{&b.nextMu, &b.hNextMu, []int64{n, H}, iobind.Float32},
+		{&b.nextStop, &b.hNextStop, []int64{n, 2}, iobind.Float32},
+	} {
+		if *t.dst, err = s.Alloc(t.shape, t.elem); err != nil {
+			return nil, err
+		}
+		if *t.host, err = iobind.NewPinned(s.Placement(), (*t.dst).Bytes()); err != nil {
+			return nil, err
+		}
+	}
+	if b.total, err = iobind.Host([]int64{}, []int32{int32(m.LM.MaxPositions)}); err != nil {
+		return nil, err
+	}
+	if b.cache, err = g.c.views(0, B); err != nil {
+		return nil, err
+	}
+	in := map[string]*iobind.Tensor{"mu": b.mu, "cond": b.cond, "noise": b.noise, "cfg_value": b.cfg,
+		"seqlens_k": b.seqlens, "total_sequence_length": b.total}
+	outs := g.bindCache(in, []iobind.Output{{Name: "patch", Into: b.patch}, {Name: "next_mu", Into: b.nextMu},
+		{Name: "next_stop_logits", Into: b.nextStop}}, b.cache)
+	if b.run, err = s.Bind(in, outs, id); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// openStepGraphs makes every bucket up to the caches' slots and runs each three times: ONNX
+// Runtime captures a graph on the third run with its ID. No stream is in the caches yet, so what
+// the runs write there is never read.
+func (g *graphs) openStepGraphs(buckets []int) error {
+	for i, B := range buckets {
+		b, err := g.newStepBucket(i+1, B)
+		if err != nil {
+			return fmt.Errorf("step graph of %d rows: %w", B, err)
+		}
+		g.sg.buckets = append(g.sg.buckets, b)
+		for range 3 {
+			if err := g.sg.thread.Do(b.run.Run); err != nil {
+				return fmt.Errorf("step graph of %d rows: %w", B, err)
+			}
+		}
+	}
+	return nil
+}
+
+// stepFixed is step run as the smallest bucket of at least in.n rows.
+func (g *graphs) stepFixed(in *stepIn) (*stepOut, error) {
+	m, s := g.m, g.stepS
+	i := 0
+	for i < len(g.sg.buckets) && g.sg.buckets[i].B < in.n {
+		i++
+	}
+	if i == len(g.sg.buckets) {
+		return nil, fmt.Errorf("step: %d streams are over the %d rows the step graphs were made for", in.n, g.sg.buckets[len(g.sg.buckets)-1].B)
+	}
+	b := g.sg.buckets[i]
+	for _, c := range []struct {
+		host *iobind.Pinned
+		dev  *iobind.Tensor
+		f32  []float32
+		i32  []int32
+	}{
+		{b.hMu, b.mu, in.mu, nil}, {b.hCond, b.cond, in.cond, nil}, {b.hNoise, b.noise, in.noise, nil},
+		{b.hCfg, b.cfg, in.cfg, nil}, {b.hSeq, b.seqlens, nil, in.seqlens},
+	} {
+		if c.i32 != nil {
+			h := c.host.Int32s()
+			clear(h[copy(h, c.i32):])
+		} else {
+			h := c.host.Float32s()
+			clear(h[copy(h, c.f32):])
+		}
+		if err := s.Send(c.dev, c.host); err != nil {
+			return nil, fmt.Errorf("step: %w", err)
+		}
+	}
+	// On the step's stream after the copies, which the run waits for with its kernels.
+	if err := g.sg.thread.Do(b.run.Run); err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	for _, c := range []struct {
+		host *iobind.Pinned
+		dev  *iobind.Tensor
+	}{{b.hPatch, b.patch}, {b.hNextMu, b.nextMu}, {b.hNextStop, b.nextStop}} {
+		if err := s.Receive(c.host, c.dev); err != nil {
+			return nil, fmt.Errorf("step: %w", err)
+		}
+	}
+	if err := s.Wait(); err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	n, PD, H := in.n, m.patchFloats(), m.DiTHidden
+	out := &stepOut{
+		patch:    append([]float32(nil), b.hPatch.Float32s()[:n*PD]...),
+		nextMu:   append([]float32(nil), b.hNextMu.Float32s()[:n*H]...),
+		nextStop: append([]float32(nil), b.hNextStop.Float32s()[:2*n]...),
+	}
+	// The VAE decoder reads the first n rows of the bucket's patch where the step left it.
+	v, err := s.View(b.patch, 0, []int64{int64(n), int64(m.PatchSize), int64(m.FeatDim)})
+	if err != nil {
+		return nil, fmt.Errorf("step: %w", err)
+	}
+	g.patch.Release()
+	g.patch = v
+	return out, nil
+}
+
+func (sg *stepGraphs) close() {
+	if sg == nil {
+		return
+	}
+	for _, b := range sg.buckets {
+		b.release()
+	}
+	sg.buckets = nil
+}
