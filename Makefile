@@ -12,7 +12,7 @@ PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 # into models/voices/ through the go command's module cache.
 VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dcf0d49e46b7
 
-.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper tiny-cosyvoice3 voices vet clean
+.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper tiny-cosyvoice3 tiny-voxcpm voices vet clean
 
 run: deps ort build voices
 	@echo
@@ -22,7 +22,7 @@ run: deps ort build voices
 	$(BIN) serve --config configs/cpu.yaml
 
 # Installs what is missing (Debian packages, ONNX Runtime, a Consul agent), makes
-# models/tiny-cosyvoice3 and runs every test.
+# models/tiny-cosyvoice3 and models/tiny-voxcpm and runs every test.
 test:
 	GO=$(GO) scripts/test.sh
 
@@ -72,6 +72,20 @@ models/tiny-cosyvoice3/pipeline.yaml: $(CV3_TINY_SCRIPTS)
 	rm -rf models/tiny-cosyvoice3-published models/tiny-cosyvoice3
 	/usr/bin/python3 scripts/make_tiny_cosyvoice3.py models/tiny-cosyvoice3-published
 	/usr/bin/python3 scripts/export_cosyvoice3.py models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5
+
+# models/tiny-voxcpm: a tiny VoxCPM 1.5 with random weights in the published format
+# (models/tiny-voxcpm-published), exported as the real one is (float32, for the CPU), with a
+# random 3 s voice bench (Debian's python3-torch, python3-onnx, python3-numpy). Made again only
+# when a script that makes it changes; `make test` runs it before the tests.
+VOXCPM_TINY_SCRIPTS := scripts/make_tiny_voxcpm.py scripts/export_voxcpm.py scripts/voxcpm_net.py \
+  scripts/voxcpm_tokenizer.py
+tiny-voxcpm: models/tiny-voxcpm/pipeline.yaml
+
+# pipeline.yaml is written last, so a failed export leaves none and runs again.
+models/tiny-voxcpm/pipeline.yaml: $(VOXCPM_TINY_SCRIPTS)
+	rm -rf models/tiny-voxcpm-published models/tiny-voxcpm
+	/usr/bin/python3 scripts/make_tiny_voxcpm.py models/tiny-voxcpm-published
+	/usr/bin/python3 scripts/export_voxcpm.py models/tiny-voxcpm-published models/tiny-voxcpm --dtype float32 --random-voice bench:3
 
 voices: build
 	GO=$(GO) $(BIN) voices fetch --dir models/voices $(VOICE_MODULES)

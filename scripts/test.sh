@@ -15,9 +15,12 @@ consul_tests='WithRealConsulAgent|WithRealAgent'
 # The CosyVoice3 tests run the exporter's output (models/tiny-cosyvoice3): made here, so they must
 # not skip.
 ${MAKE:-make} --no-print-directory tiny-cosyvoice3
+# The VoxCPM tests run its exporter's output (models/tiny-voxcpm) likewise.
+${MAKE:-make} --no-print-directory tiny-voxcpm
 # The exporter's feature extraction for voices made from a clip (filterbanks, spectra, resampling).
 /usr/bin/python3 scripts/test_cosyvoice3_voice.py
 export VOXMUX_REQUIRE_TINY_COSYVOICE3=1
+export VOXMUX_REQUIRE_TINY_VOXCPM=1
 $GO vet ./...
 # The race detector where the concurrency lives; the end-to-end tests (real processes) and the
 # load generator run without it, which halves their build on a fresh 2-core machine.
