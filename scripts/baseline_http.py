@@ -5,6 +5,8 @@ processes that each hold one copy of a model and synthesize one request at a tim
     POST /v1/audio/speech {"input": "...", "response_format": "pcm"|"wav", "model", "voice"}
          -> 200, 16-bit mono audio streamed chunk by chunk (chunked transfer encoding)
     GET  /healthz, /readyz
+    GET  /v1/audio/voices   the voices a request may name, the default first (voxmux's list shape),
+                            when the server has a voice list
     GET  /metrics   voxmux_gpu_memory_used_bytes / voxmux_gpu_utilization_ratio per GPU, when
                     NVML (pynvml) is importable
 
@@ -205,6 +207,12 @@ def make_handler(broker, sample_rate, gpu, voices=None, default_voice=None):
         def do_GET(self):
             if self.path in ("/healthz", "/readyz"):
                 self._send(200, "ready\n", "text/plain")
+            elif self.path == "/v1/audio/voices" and voices is not None:
+                names = sorted(voices, key=lambda n: (n != default_voice, n))
+                self._send(200, json.dumps({
+                    "object": "list",
+                    "data": [{"id": n, "object": "voice", "name": n, "type": "builtin"} for n in names],
+                    "voices": [{"id": n, "name": n} for n in names]}))
             elif self.path == "/metrics" and gpu is not None:
                 self._send(200, gpu.exposition(), "text/plain; version=0.0.4")
             else:

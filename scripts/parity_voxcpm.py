@@ -481,8 +481,8 @@ def main():
     ap.add_argument("--device", default="cpu", help="the reference's device (cpu, cuda)")
     ap.add_argument("--export-device", default="cpu", help="export_voxcpm.py's --device")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--patches", type=int, help="patches end to end (default: 6 full, 12 tiny)")
-    ap.add_argument("--steps", type=int, help="batched steps (default: 3 full, 4 tiny)")
+    ap.add_argument("--patches", type=int, help="patches end to end (default: 8 full, 12 tiny)")
+    ap.add_argument("--steps", type=int, help="batched steps (default 4)")
     ap.add_argument("--fsq-margin", type=float, default=1e-4)
     ap.add_argument("--draws", type=int, default=40, help="at most this many input draws per run (FSQ margin)")
     ap.add_argument("--seed", type=int, default=1234)
@@ -503,8 +503,8 @@ def main():
         torch.set_float32_matmul_precision("highest")
     import voxcpm_tokenizer
 
-    n_e2e = a.patches or (6 if a.full else 12)
-    n_steps = a.steps or (3 if a.full else 4)
+    n_e2e = a.patches or (8 if a.full else 12)
+    n_steps = a.steps or 4
     if n_steps + 1 > n_e2e:
         ap.error("--steps must be below --patches")
     model_dir = os.path.join(a.work, "model")

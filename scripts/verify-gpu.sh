@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -238,6 +238,63 @@ if w:
           % (1000 * w[0], 1000 * secs("warmup-builtin.txt")[0]))
 PY
 )
+
+# VoxCPM 1.5 on GPU 0: voxmux serving the float16 export in $VOX (scripts/export_voxcpm.py --dtype
+# float16 --device cuda) and the eager baseline (scripts/baseline_voxcpm.py: OpenBMB/VoxCPM's own
+# generation loop from the reference copy $VOX_REF, default .ref) running the published-format
+# directory $VOX_MODEL in BASE_DTYPE (default bfloat16, the model's own), swept by voxmux bench at
+# LEVELS (voxmux) and BASE_LEVELS (baseline) in the voice VOICE (default: `default`, no prompt).
+# Random weights' stop head ends rows at random, so both servers ignore it (IGNORE_STOP=1) and
+# generate exactly min(CAP, int(text tokens * 6 + 10)) patches of 160 ms per request, CAP default
+# 64 (10.24 s): the baseline through --max-patches/--ignore-stop, voxmux through a copy of the
+# manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP.
+voxbench() {
+  local model=${VOX_MODEL:?set VOX_MODEL to the published-format VoxCPM 1.5 directory} vox=${VOX:-/tmp/vox}
+  local cap=${CAP:-64} stop=() manifest
+  manifest=$vox/pipeline-bench.yaml
+  local sedargs=(-e "s/^  max_len: .*/  max_len: $cap/")
+  if [ "${IGNORE_STOP:-1}" = 1 ]; then
+    sedargs+=(-e "s/^  min_len: .*/  min_len: $cap/")
+    stop=(--ignore-stop)
+  fi
+  sed "${sedargs[@]}" "$vox/pipeline.yaml" > "$manifest"
+  grep -q "^  max_len: $cap\$" "$manifest" || { echo "$vox/pipeline.yaml has no generation.max_len to set"; return 1; }
+  cat > "$logs/vox.yaml" <<YAML
+listen: 127.0.0.1:8086
+model: $manifest
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+groups:
+  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}
+YAML
+  "$bin" serve --config "$logs/vox.yaml" > "$logs/vox.log" 2>&1 &
+  local vpid=$!
+  local voices=()
+  [ -d "$vox/voices" ] && voices=(--voices "$vox/voices")
+  python3 "$repo/scripts/baseline_voxcpm.py" --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
+    --port 8087 --workers 1 --dtype "${BASE_DTYPE:-bfloat16}" --max-patches "$cap" "${stop[@]}" > "$logs/vox-baseline.log" 2>&1 &
+  local bpid=$!
+  wait_ready http://127.0.0.1:8086 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/vox.log"; kill $vpid $bpid; return 1; }
+  # The baseline compiles with torch.compile before it is ready (minutes).
+  wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
+  grep -h "worker warm" "$logs/vox-baseline.log"
+  "$bin" bench --url http://127.0.0.1:8086 --compare http://127.0.0.1:8087 --compare-concurrency ${BASE_LEVELS:-1} \
+    --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm \
+    --sample-rate 44100 --voice "${VOICE:-default}" --quiet \
+    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)" \
+    --out "${BENCH_OUT:-$logs/voxbench}"
+  kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# VoxCPM 1.5's export against OpenBMB/VoxCPM's own code at the real sizes, random weights
+# (scripts/parity_voxcpm.py; the reference copy $VOX_REF, default .ref; ONNX Runtime's Python
+# package on the CPU, the reference on GPU 0). The report goes to $LOGS/voxparity.json.
+voxparity() {
+  python3 "$repo/scripts/parity_voxcpm.py" --reference "${VOX_REF:-$repo/.ref}" --work "${VOXPARITY_WORK:-$logs/voxparity}" \
+    --full --device cuda --report "$logs/voxparity.json"
+}
 
 # Each stage of $BIG timed alone on GPU 0 (voxmux bench stages).
 stages() {
