@@ -1,0 +1,106 @@
+package voxcpm
+
+import (
+	"math"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// On a GPU host (VOXMUX_GPU_VOXCPM: a float16 export, which CUDA's GroupQueryAttention needs;
+// ORT_LIB: ONNX Runtime with the CUDA provider), the engine runs on CUDA with the plain step and
+// with the step's CUDA graphs: requests alone and batched give finite audio of whole patches, and
+// the graphs' audio is the plain step's within float16 rounding.
+func TestGPUSteps(t *testing.T) {
+	path := os.Getenv("VOXMUX_GPU_VOXCPM")
+	if path == "" {
+		t.Skip("VOXMUX_GPU_VOXCPM is not set")
+	}
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := func(mode string) *Engine {
+		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 16,
+			Engine: tts.EngineOptions{LMCUDAGraph: mode}})
+		if err != nil {
+			t.Fatalf("lm_cuda_graph %s: %v", mode, err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r.(*Engine)
+	}
+	var reqs []tts.Request
+	for i := range 12 {
+		reqs = append(reqs, tts.Request{Text: texts[i%len(texts)], Seed: uint64(i)})
+	}
+	batched := func(e *Engine) ([]result, time.Duration) {
+		out := make([]result, len(reqs))
+		var wg sync.WaitGroup
+		t0 := time.Now()
+		for i, req := range reqs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				out[i] = run(t, e, req)
+			}()
+		}
+		wg.Wait()
+		return out, time.Since(t0)
+	}
+	check := func(name string, rs []result) {
+		for i, r := range rs {
+			if r.err != nil {
+				t.Fatalf("%s: request %d: %v", name, i, r.err)
+			}
+			for _, x := range r.pcm() {
+				if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+					t.Fatalf("%s: request %d: %v in its audio", name, i, x)
+				}
+			}
+		}
+	}
+	firstPatch := func(a, b result) float64 {
+		if len(a.chunks) == 0 || len(b.chunks) == 0 {
+			return math.Inf(1)
+		}
+		return maxDiff(a.chunks[0], b.chunks[0])
+	}
+	plain := open("off")
+	alone := make([]result, len(reqs))
+	for i, req := range reqs {
+		alone[i] = run(t, plain, req)
+	}
+	check("plain alone", alone)
+	pb, pt := batched(plain)
+	check("plain batched", pb)
+	graphs := open("on")
+	gb, gt := batched(graphs)
+	check("graphs batched", gb)
+	var dPlain, dGraph float64
+	sameLen := 0
+	for i := range reqs {
+		dPlain = max(dPlain, firstPatch(pb[i], alone[i]))
+		dGraph = max(dGraph, firstPatch(gb[i], pb[i]))
+		if len(gb[i].chunks) == len(pb[i].chunks) {
+			sameLen++
+		}
+	}
+	stat := func(e *Engine) string {
+		st := e.Stats()[stageStep]
+		if st.Batches == 0 {
+			return "no steps"
+		}
+		return (st.Busy / time.Duration(st.Batches)).String() + " a step, " +
+			time.Duration(int64(e.Stats()[stageVAE].Busy)/int64(e.Stats()[stageVAE].Batches)).String() + " a VAE run"
+	}
+	t.Logf("first patch: batched %g from alone (plain step), graphs %g from plain; %d of %d requests as long with graphs as without",
+		dPlain, dGraph, sameLen, len(reqs))
+	t.Logf("%d requests at once: plain %v (%s), graphs %v (%s)", len(reqs), pt, stat(plain), gt, stat(graphs))
+	if dPlain > 0.05 || dGraph > 0.05 {
+		t.Fatalf("first patches differ by %g (batched) and %g (graphs), over float16 rounding", dPlain, dGraph)
+	}
+}
