@@ -9,9 +9,12 @@ converted from sentencepiece in Llama's legacy form: a Prepend("▁") + Replace(
 normalizer, no pre-tokenizer, byte_fallback, fuse_unk, a TemplateProcessing that adds <s>),
 with a vocabulary of a few hundred entries laid out as sentencepiece lays out MiniCPM's: the
 specials <unk> <s> </s> at 0..2, reserved pieces, the audio start/end specials at 101 and 102
-(the ids VoxCPM hard-codes), the 256 byte pieces <0x00>..<0xFF>, then "▁", single characters and
-the merged pieces. Multi-character Chinese pieces ("你好", "世界", ...) are there so that
-VoxCPM's split of them into single characters is exercised.
+(the ids VoxCPM hard-codes; their names here are this file's), the 256 byte pieces
+<0x00>..<0xFF>, then "▁", single characters and the merged pieces, and MiniCPM's chat specials
+last. Multi-character Chinese pieces ("你好", "世界", ...) are there so that VoxCPM's split of
+them into single characters is exercised. tokenizer_config.json has what MiniCPM's has
+(add_bos_token true, legacy true, eos <|im_end|>); legacy true makes transformers 5's
+LlamaTokenizerFast put "▁" in front of every piece between added tokens.
 
 Plain json writing: runs on Debian's python3 without transformers or tokenizers.
 """
@@ -23,8 +26,17 @@ import sys
 UNK, BOS, EOS = "<unk>", "<s>", "</s>"
 AUDIO_START, AUDIO_END = "<|audio_start|>", "<|audio_end|>"
 AUDIO_START_ID, AUDIO_END_ID = 101, 102
-# Chat specials sit after the vocabulary, as MiniCPM's <|im_end|>/<|im_start|> do.
-CHAT_SPECIALS = ["<|im_end|>", "<|im_start|>"]
+# MiniCPM's chat specials, in its order after the vocabulary (73440.. in the published one).
+CHAT_SPECIALS = [
+    "<|im_end|>",
+    "<|im_start|>",
+    "<|tool_call|>",
+    "<|execute_start|>",
+    "<|execute_end|>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+]
 
 CHARS = (
     [chr(c) for c in range(ord("a"), ord("z") + 1)]
@@ -66,6 +78,9 @@ MERGES = [
     ("▁你", "好"),
     ("你好", "世界"),
     ("中", "文"),
+    # "▁我" merges before "我们", so "▁我们" forms: a multi-character token with a "▁".
+    ("▁", "我"),
+    ("▁我", "们"),
     ("我", "们"),
     ("▁", "中"),
     ("的", "是"),
@@ -165,7 +180,7 @@ def tokenizer_config(vocab):
         "additional_special_tokens": [AUDIO_START, AUDIO_END] + CHAT_SPECIALS,
         "bos_token": BOS,
         "clean_up_tokenization_spaces": False,
-        "eos_token": EOS,
+        "eos_token": CHAT_SPECIALS[0],
         "legacy": True,
         "model_max_length": 1000000000000000019884624838656,
         "pad_token": None,
@@ -184,7 +199,7 @@ def special_tokens_map():
     return {
         "additional_special_tokens": [AUDIO_START, AUDIO_END] + CHAT_SPECIALS,
         "bos_token": tok(BOS),
-        "eos_token": tok(EOS),
+        "eos_token": tok(CHAT_SPECIALS[0]),
         "unk_token": tok(UNK),
     }
 
