@@ -76,24 +76,32 @@ def config_json(full, vocab):
         vae = {"encoder_dim": 64, "encoder_rates": [2, 3, 6, 7, 7], "latent_dim": 64, "decoder_dim": 2048,
                "decoder_rates": [7, 7, 6, 3, 2], "depthwise": True, "sample_rate": 44100, "use_noise_block": False}
         vocab = 73448
+        enc, dit = dict(loc), dict(loc)
+        max_pos, long_f, short_f = 32768, [1.0] * 32, [1.0] * 32
     else:
+        # Widths that differ between the LMs, LocEnc and DiT (heads of 16 throughout, as the
+        # shared RoPE factors need), and LongRoPE's scaled path: more positions than the original
+        # (long factors, cos/sin scaled) with factors that differ by frequency.
         hidden, inter, layers, heads, kv, res_layers = 64, 128, 2, 4, 2, 2
-        loc = {"hidden_dim": 64, "ffn_dim": 128, "num_heads": 4, "num_layers": 2}
+        enc = {"hidden_dim": 32, "ffn_dim": 64, "num_heads": 2, "num_layers": 2}
+        dit = {"hidden_dim": 96, "ffn_dim": 192, "num_heads": 6, "num_layers": 2}
         fsq = 32
         vae = {"encoder_dim": 8, "encoder_rates": [2, 3, 7], "latent_dim": 16, "decoder_dim": 32,
                "decoder_rates": [7, 3, 2], "depthwise": True, "sample_rate": 44100, "use_noise_block": False}
-    half = hidden // heads // 2
+        max_pos = 65536
+        long_f = [round(1.0 + 3.0 * i / 7, 4) for i in range(8)]
+        short_f = [round(1.0 + 0.5 * i / 7, 4) for i in range(8)]
     lm = {"bos_token_id": 1, "eos_token_id": 2, "hidden_size": hidden, "intermediate_size": inter,
-          "max_position_embeddings": 32768, "num_attention_heads": heads, "num_hidden_layers": layers,
+          "max_position_embeddings": max_pos, "num_attention_heads": heads, "num_hidden_layers": layers,
           "num_key_value_heads": kv, "rms_norm_eps": 1e-05,
-          "rope_scaling": {"type": "longrope", "long_factor": [1.0] * half, "short_factor": [1.0] * half,
+          "rope_scaling": {"type": "longrope", "long_factor": long_f, "short_factor": short_f,
                            "original_max_position_embeddings": 32768},
           "vocab_size": vocab, "scale_emb": 12, "dim_model_base": 256, "scale_depth": 1.4,
           "rope_theta": 10000.0, "use_mup": False}
     return {"architecture": "voxcpm", "lm_config": lm, "patch_size": 4, "feat_dim": vae["latent_dim"],
             "residual_lm_num_layers": res_layers, "scalar_quantization_latent_dim": fsq,
-            "scalar_quantization_scale": 9, "encoder_config": dict(loc),
-            "dit_config": dict(loc, cfm_config={"sigma_min": 1e-06, "solver": "euler", "t_scheduler": "log-norm",
+            "scalar_quantization_scale": 9, "encoder_config": enc,
+            "dit_config": dict(dit, cfm_config={"sigma_min": 1e-06, "solver": "euler", "t_scheduler": "log-norm",
                                                 "inference_cfg_rate": 2.0}),
             "audio_vae_config": vae, "max_length": 4096, "device": "cuda", "dtype": "bfloat16"}
 
@@ -533,9 +541,15 @@ def main():
     # 2. export
     if not a.no_ort and not (a.reuse and os.path.exists(os.path.join(out_dir, "pipeline.yaml"))):
         t = time.time()
-        subprocess.run([sys.executable, os.path.join(HERE, "export_voxcpm.py"), model_dir, out_dir,
-                        "--dtype", "float32", "--device", a.export_device, "--max-positions", "256"], check=True)
+        rc = subprocess.run([sys.executable, os.path.join(HERE, "export_voxcpm.py"), model_dir, out_dir,
+                             "--dtype", "float32", "--device", a.export_device, "--max-positions", "256"]).returncode
         timings["export"] = round(time.time() - t, 1)
+        if rc != 0:
+            report.update({"pass": False, "error": "export_voxcpm.py exited %d" % rc, "seconds": timings})
+            with open(a.report, "w") as f:
+                json.dump(report, f, indent=2)
+            print("FAIL: export_voxcpm.py exited %d (report %s)" % (rc, a.report))
+            sys.exit(1)
         log("exported in %.0f s" % timings["export"])
 
     # 3. the reference, loaded back
