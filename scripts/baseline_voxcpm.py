@@ -116,7 +116,8 @@ class VoxCPMPipeline:
                 raise
             print("torch.compile failed in warm-up (%s: %s); running eager" % (type(e).__name__, e), file=sys.stderr, flush=True)
             del self.m
-            self.torch.cuda.empty_cache() if self.torch.cuda.is_available() else None
+            if self.torch.cuda.is_available():
+                self.torch.cuda.empty_cache()
             self.optimize = "off"
             self.m = self._load(False)
             for name in self.voices:
