@@ -452,15 +452,20 @@ class LocEnc(nn.Module):
         self.encoder = MiniCPM(c)
         self.rope = None if c.no_rope else longrope_half(c, patch_size + 1)
 
-    def encode(self, x):
+    def special_row(self):
+        """The special token at position 0 of P+1 zero rows: [1,P+1,hidden]. The graphs take it
+        as a constant made at export, so no Pad of a constant is left for ONNX Runtime to fold."""
+        return F.pad(self.special_token.reshape(1, 1, -1), (0, 0, 0, self.P))
+
+    def encode(self, x, special=None):
         """x [N,P,D] -> [N,hidden]."""
         P = self.P
-        h = F.pad(self.in_proj(x), (0, 0, 1, 0)) + F.pad(self.special_token.reshape(1, 1, -1), (0, 0, 0, P))
+        h = F.pad(self.in_proj(x), (0, 0, 1, 0)) + (self.special_row() if special is None else special)
         return self.encoder(h, P + 1, self.rope, causal=False)[:, 0]
 
-    def forward(self, x):
+    def forward(self, x, special=None):
         """x [B,T,P,D] -> [B,T,hidden]."""
-        out = self.encode(x.reshape(-1, self.P, x.shape[-1]))
+        out = self.encode(x.reshape(-1, self.P, x.shape[-1]), special)
         return out.reshape(x.shape[0], x.shape[1], out.shape[-1])
 
 
@@ -468,7 +473,7 @@ def sinusoid(t, dim, scale=1000.0):
     """SinusoidalPosEmb: t [N] -> [N, dim] in t's type, the reference's order of operations."""
     half = dim // 2
     e = math.log(10000) / (half - 1)
-    e = torch.exp(torch.arange(half, dtype=t.dtype) * -e)
+    e = torch.exp(torch.arange(half, dtype=t.dtype, device=t.device) * -e)
     e = scale * t.unsqueeze(1) * e.unsqueeze(0)
     return torch.cat((e.sin(), e.cos()), dim=-1)
 
@@ -800,6 +805,11 @@ class _SharedCacheGraph(nn.Module):
         self.ropes = []
         for c in (model.cfg.lm, model.cfg.residual):
             self.ropes.append(None if c.no_rope else tuple(t.to(dtype) for t in longrope_half(c, max_positions)))
+        with torch.no_grad():
+            self.special = model.feat_encoder.special_row().detach().float().cpu().clone()
+
+    def _special(self, device):
+        return self.special.to(device, self.dtype)
 
     def _rope(self, i, device):
         r = self.ropes[i]
@@ -820,7 +830,7 @@ class PrefillGraph(_SharedCacheGraph):
 
     def forward(self, text_ids, text_mask, feat, feat_mask, seqlens_k, total_len, *caches):
         m, dt_ = self.m, self.dtype
-        feat_embed = m.enc_to_lm_proj(m.feat_encoder(feat.to(dt_)))
+        feat_embed = m.enc_to_lm_proj(m.feat_encoder(feat.to(dt_), self._special(feat.device)))
         tm, fm = text_mask.to(dt_).unsqueeze(-1), feat_mask.to(dt_).unsqueeze(-1)
         text_embed = m.base_lm.embed_tokens(text_ids)
         if m.text_scale != 1.0:
@@ -874,7 +884,7 @@ class StepGraph(_SharedCacheGraph):
             v = est.out_proj(h[:, P + 1:]).float().reshape(2, -1, P, D)
             x = x - dt * guidance(v[0], v[1], cfg)
         patch = x
-        curr = m.enc_to_lm_proj(m.feat_encoder.encode(patch.to(dt_)))      # [B,hidden]
+        curr = m.enc_to_lm_proj(m.feat_encoder.encode(patch.to(dt_), self._special(dev)))   # [B,hidden]
         lm_hidden = []
 
         def after_base(h):
