@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -247,7 +247,9 @@ PY
 # Random weights' stop head ends rows at random, so both servers ignore it (IGNORE_STOP=1) and
 # generate exactly min(CAP, int(text tokens * 6 + 10)) patches of 160 ms per request, CAP default
 # 64 (10.24 s): the baseline through --max-patches/--ignore-stop, voxmux through a copy of the
-# manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP.
+# manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP. Responses
+# are FORMAT (default wav: at the model's 44.1 kHz, which a build without FFmpeg serves; pcm is
+# resampled to 24 kHz and needs FFmpeg).
 voxbench() {
   local model=${VOX_MODEL:?set VOX_MODEL to the published-format VoxCPM 1.5 directory} vox=${VOX:-/tmp/vox}
   local cap=${CAP:-64} stop=() manifest
@@ -281,11 +283,19 @@ YAML
   wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
   grep -h "worker warm" "$logs/vox-baseline.log"
   "$bin" bench --url http://127.0.0.1:8086 --compare http://127.0.0.1:8087 --compare-concurrency ${BASE_LEVELS:-1} \
-    --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format pcm \
-    --sample-rate 44100 --voice "${VOICE:-default}" --quiet \
+    --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
+    --voice "${VOICE:-default}" --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)" \
     --out "${BENCH_OUT:-$logs/voxbench}"
   kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# The voxcpm engine's GPU test (instance/voxcpm/gpu_test.go) on the float16 export $VOX: plain
+# steps against the step's CUDA graphs, alone and batched. Needs the test binary
+# (go test -c -o bin/voxcpm.test ./instance/voxcpm/, built where Go is).
+voxgpu() {
+  ORT_LIB=$ort/libonnxruntime.so VOXMUX_GPU_VOXCPM=${VOX:-/tmp/vox}/pipeline.yaml \
+    "${VOXCPM_TEST:-$repo/bin/voxcpm.test}" -test.run 'TestGPU' -test.v
 }
 
 # VoxCPM 1.5's export against OpenBMB/VoxCPM's own code at the real sizes, random weights
