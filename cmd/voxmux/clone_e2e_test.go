@@ -8,40 +8,50 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/rand/v2"
 	"mime/multipart"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 )
 
-// tinyCosyVoice3 is models/tiny-cosyvoice3's manifest; the test skips without it unless
-// VOXMUX_REQUIRE_TINY_COSYVOICE3 is set (`make test`), where its absence fails.
-func tinyCosyVoice3(t *testing.T) string {
+// tinyExport is the manifest of models/DIR, a tiny export `make DIR` writes; the test skips
+// without it unless the environment variable require is set (`make test` sets it), where its
+// absence fails.
+func tinyExport(t *testing.T, dir, require string) string {
 	t.Helper()
-	model, _ := filepath.Abs("../../models/tiny-cosyvoice3/pipeline.yaml")
+	model, _ := filepath.Abs(filepath.Join("../../models", dir, "pipeline.yaml"))
 	if _, err := os.Stat(model); err != nil {
-		if os.Getenv("VOXMUX_REQUIRE_TINY_COSYVOICE3") != "" {
-			t.Fatalf("%v, and VOXMUX_REQUIRE_TINY_COSYVOICE3 is set", err)
+		if os.Getenv(require) != "" {
+			t.Fatalf("%v, and %s is set", err, require)
 		}
-		t.Skipf("%v: run make tiny-cosyvoice3", err)
+		t.Skipf("%v: run make %s", err, dir)
 	}
 	return model
 }
 
-// voicedWAV is 5 s of 24 kHz 16-bit mono that has speech's broad shape: harmonics of a gliding
-// pitch, shaped by three formants, in syllable-like bursts.
-func voicedWAV() []byte {
-	const rate, seconds = 24000, 5
-	n := rate * seconds
+// tinyCosyVoice3 is models/tiny-cosyvoice3's manifest (VOXMUX_REQUIRE_TINY_COSYVOICE3).
+func tinyCosyVoice3(t *testing.T) string {
+	t.Helper()
+	return tinyExport(t, "tiny-cosyvoice3", "VOXMUX_REQUIRE_TINY_COSYVOICE3")
+}
+
+// voicedWAV is 16-bit mono at rate that has speech's broad shape: harmonics of a gliding pitch,
+// shaped by three formants, in syllable-like bursts (two a second, with pauses), over white noise
+// of the given peak (in 16-bit steps; 0: none, so the pauses are silence).
+func voicedWAV(rate int, seconds, noise float64) []byte {
+	n := int(float64(rate) * seconds)
 	pcm := make([]byte, 2*n)
+	rng := rand.New(rand.NewPCG(1, 2))
 	phase := 0.0
 	for i := range n {
-		t := float64(i) / rate
+		t := float64(i) / float64(rate)
 		f0 := 120 + 20*math.Sin(2*math.Pi*0.7*t)
-		phase += 2 * math.Pi * f0 / rate
+		phase += 2 * math.Pi * f0 / float64(rate)
 		x := 0.0
 		for k := 1; k*int(f0) < 4000; k++ {
 			f := float64(k) * f0
@@ -51,8 +61,12 @@ func voicedWAV() []byte {
 			}
 			x += gain * math.Sin(float64(k)*phase) / float64(k)
 		}
-		env := math.Max(0, math.Sin(2*math.Pi*2*t)) // four bursts a second, with pauses
-		binary.LittleEndian.PutUint16(pcm[2*i:], uint16(int16(6000*env*x)))
+		env := math.Max(0, math.Sin(2*math.Pi*2*t))
+		v := 6000 * env * x
+		if noise > 0 {
+			v += noise * (2*rng.Float64() - 1)
+		}
+		binary.LittleEndian.PutUint16(pcm[2*i:], uint16(int16(max(-32768, min(32767, v)))))
 	}
 	h := make([]byte, 44)
 	copy(h, "RIFF")
@@ -61,8 +75,8 @@ func voicedWAV() []byte {
 	binary.LittleEndian.PutUint32(h[16:], 16)
 	binary.LittleEndian.PutUint16(h[20:], 1)
 	binary.LittleEndian.PutUint16(h[22:], 1)
-	binary.LittleEndian.PutUint32(h[24:], rate)
-	binary.LittleEndian.PutUint32(h[28:], 2*rate)
+	binary.LittleEndian.PutUint32(h[24:], uint32(rate))
+	binary.LittleEndian.PutUint32(h[28:], uint32(2*rate))
 	binary.LittleEndian.PutUint16(h[32:], 2)
 	binary.LittleEndian.PutUint16(h[34:], 16)
 	copy(h[36:], "data")
@@ -113,11 +127,62 @@ func voiceTypes(t *testing.T, url string) (map[string]string, []string) {
 	return types, ids
 }
 
-// `voxmux serve` on models/tiny-cosyvoice3 with a voice library: a voice cloned from a clip over
-// HTTP is listed, spoken, kept across a restart (with the same audio), and deleted; a clip in a
-// single request speaks too.
-func TestEndToEndTinyCosyVoice3Library(t *testing.T) {
-	model := tinyCosyVoice3(t)
+// clonedVoice is the answer to a voice's creation.
+type clonedVoice struct {
+	ID, Type     string
+	SampleRate   int     `json:"sample_rate"`
+	Seconds      float64 `json:"seconds"`
+	Tokens       int     `json:"tokens"`
+	LatentFrames int     `json:"latent_frames"`
+}
+
+// libraryModel is a model that makes voices from clips, as walkVoiceLibrary takes it.
+type libraryModel struct {
+	manifest string   // its pipeline.yaml
+	name     string   // the model's name
+	voices   []string // its built-in voices, in order
+	rate     int      // its sample rate
+	clip     []byte   // a 5 s WAV to clone a voice from
+	clipRate int      // clip's sample rate
+	short    []byte   // a 2 s WAV: too short for a voice
+	// prompt checks what the created voice holds (a token model's speech tokens, a latent
+	// model's latent frames).
+	prompt func(clonedVoice) bool
+}
+
+// wavPCM checks that body is a mono 16-bit WAV at rate and returns its samples' bytes.
+func wavPCM(t *testing.T, what string, body []byte, rate int) []byte {
+	t.Helper()
+	if len(body) < 44 || string(body[:4]) != "RIFF" || string(body[8:16]) != "WAVEfmt " || string(body[36:40]) != "data" {
+		t.Fatalf("%s: not a WAV: %d bytes: %.200q", what, len(body), body)
+	}
+	channels, r, bits := binary.LittleEndian.Uint16(body[22:]), binary.LittleEndian.Uint32(body[24:]), binary.LittleEndian.Uint16(body[34:])
+	if channels != 1 || int(r) != rate || bits != 16 {
+		t.Fatalf("%s: %d channels at %d Hz, %d bits; want mono %d Hz as 16-bit", what, channels, r, bits, rate)
+	}
+	return body[44:]
+}
+
+// sameWithin1 fails unless 16-bit PCM a and b are as long and differ by at most one step.
+func sameWithin1(t *testing.T, what string, a, b []byte) {
+	t.Helper()
+	if len(a) != len(b) {
+		t.Fatalf("%s: %d bytes, against %d", what, len(b), len(a))
+	}
+	for i := 0; i+1 < len(a); i += 2 {
+		x, y := int16(binary.LittleEndian.Uint16(a[i:])), int16(binary.LittleEndian.Uint16(b[i:]))
+		if d := int(x) - int(y); d < -1 || d > 1 {
+			t.Fatalf("%s: sample %d is %d, against %d", what, i/2, y, x)
+		}
+	}
+}
+
+// walkVoiceLibrary runs `voxmux serve` on m with a voice library: creates without the admin
+// token are refused; a voice cloned from m.clip over HTTP is listed, speaks otherwise than
+// default, is kept across a restart with its audio (within one 16-bit step), and is deleted; the
+// same clip as a request's ref_audio speaks as that voice; a clip too short is a 400 naming its
+// length.
+func walkVoiceLibrary(t *testing.T, m libraryModel) {
 	const token = "admin-e2e-token-5d1c8b7a"
 	listen, adminListen, dir := freePort(t), freePort(t), t.TempDir()
 	cfg := filepath.Join(t.TempDir(), "voxmux.yaml")
@@ -132,11 +197,11 @@ groups:
 admin: {listen: %s, token: %s}
 voices: {dir: %s}
 shutdown: {grace: 50ms}
-`, listen, model, ortLib(t), adminListen, token, filepath.Join(dir, "voices"))), 0o644); err != nil {
+`, listen, m.manifest, ortLib(t), adminListen, token, filepath.Join(dir, "voices"))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	s := startServe(t, cfg, listen)
-	wav := voicedWAV()
+	wav := m.clip
 
 	// Without the token: refused, and nothing is written.
 	if code, b := uploadVoice(t, s.url, "", "alice", wav); code != 401 && code != 403 {
@@ -152,38 +217,51 @@ shutdown: {grace: 50ms}
 		t.Fatal("alice is listed after refused creates")
 	}
 
-	code, b := uploadVoice(t, s.url, token, "alice", wav)
-	var created struct {
-		ID, Type   string
-		SampleRate int     `json:"sample_rate"`
-		Seconds    float64 `json:"seconds"`
-		Tokens     int     `json:"tokens"`
+	// Too short a clip: the instance's 400 names its length.
+	code, b := uploadVoice(t, s.url, token, "shorty", m.short)
+	var e struct {
+		Error struct{ Message, Code, Param string }
 	}
+	if code != 400 || json.Unmarshal(b, &e) != nil || e.Error.Param != "file" || !strings.Contains(e.Error.Message, "(2.00 s in all)") {
+		t.Fatalf("create from a 2 s clip: %d %.300s; want 400 on file naming its length", code, b)
+	}
+
+	code, b = uploadVoice(t, s.url, token, "alice", wav)
+	var created clonedVoice
 	if code != 201 || json.Unmarshal(b, &created) != nil || created.ID != "alice" || created.Type != "cloned" ||
-		created.SampleRate != 24000 || math.Abs(created.Seconds-5) > 0.01 || created.Tokens == 0 {
+		created.SampleRate != m.clipRate || math.Abs(created.Seconds-5) > 0.01 || !m.prompt(created) {
 		t.Fatalf("create alice: %d %.300s", code, b)
 	}
 	types, ids := voiceTypes(t, s.url)
-	if !slices.Equal(ids, []string{"default", "bench", "alice"}) || types["default"] != "builtin" || types["bench"] != "builtin" || types["alice"] != "cloned" {
+	if !slices.Equal(ids, append(slices.Clone(m.voices), "alice")) || types["alice"] != "cloned" {
 		t.Fatalf("voices after create: %v %v", ids, types)
 	}
+	for _, v := range m.voices {
+		if types[v] != "builtin" {
+			t.Fatalf("voices after create: %s is %q, not builtin", v, types[v])
+		}
+	}
 
-	pcm := func(url, body string) []byte {
+	speak := func(url, body string) []byte {
 		t.Helper()
 		code, _, out := speech(t, url, body)
-		if code != 200 || len(out) == 0 || len(out)%2 != 0 {
-			t.Fatalf("speech %.120s: status %d, %d bytes: %.300s", body, code, len(out), out)
+		if code != 200 {
+			t.Fatalf("speech %.120s: status %d: %.300s", body, code, out)
 		}
-		return out
+		pcm := wavPCM(t, "speech", out, m.rate)
+		if len(pcm) == 0 {
+			t.Fatalf("speech %.120s: no audio", body)
+		}
+		return pcm
 	}
-	const req = `"model":"cosyvoice3","input":"Hello world. This is voxmux.","response_format":"pcm","seed":1`
-	alice := pcm(s.url, `{`+req+`,"voice":"alice"}`)
-	if bytes.Equal(alice, pcm(s.url, `{`+req+`,"voice":"default"}`)) {
+	req := `"model":"` + m.name + `","input":"Hello world. This is voxmux.","response_format":"wav","seed":1`
+	alice := speak(s.url, `{`+req+`,"voice":"alice"}`)
+	if bytes.Equal(alice, speak(s.url, `{`+req+`,"voice":"default"}`)) {
 		t.Error("voices alice and default gave the same audio")
 	}
 
-	// Names taken by a cloned or a built-in voice.
-	for _, name := range []string{"alice", "Bench"} {
+	// Names taken by a cloned or a built-in voice (but for case).
+	for _, name := range []string{"alice", strings.ToUpper(m.voices[len(m.voices)-1])} {
 		if code, b := uploadVoice(t, s.url, token, name, wav); code != 409 {
 			t.Fatalf("create %s again: %d %.300s; want 409", name, code, b)
 		}
@@ -205,20 +283,11 @@ shutdown: {grace: 50ms}
 	if types, _ := voiceTypes(t, s.url); types["alice"] != "cloned" {
 		t.Fatalf("alice is not listed after the restart: %v", types)
 	}
-	again := pcm(s.url, `{`+req+`,"voice":"alice"}`)
-	if len(again) != len(alice) {
-		t.Fatalf("alice after the restart: %d bytes, before %d", len(again), len(alice))
-	}
-	for i := 0; i < len(alice); i += 2 {
-		x, y := int16(binary.LittleEndian.Uint16(alice[i:])), int16(binary.LittleEndian.Uint16(again[i:]))
-		if d := int(x) - int(y); d < -1 || d > 1 {
-			t.Fatalf("alice after the restart: sample %d is %d, before %d", i/2, y, x)
-		}
-	}
+	sameWithin1(t, "alice after the restart", alice, speak(s.url, `{`+req+`,"voice":"alice"}`))
 
-	// A voice for one request.
+	// The clip for one request: the voice it makes is alice's.
 	ref := fmt.Sprintf(`{%s,"voice":"alloy","ref_audio":"%s","ref_text":"Hello, this is a test of my voice."}`, req, base64.StdEncoding.EncodeToString(wav))
-	pcm(s.url, ref)
+	sameWithin1(t, "ref_audio with alice's clip", alice, speak(s.url, ref))
 
 	// Deleted: gone from the list, and a request for it is one for an unknown voice.
 	if code, b := voiceReq(t, "DELETE", s.url+"/v1/audio/voices/alice", token, "", nil); code != 200 {
@@ -228,10 +297,14 @@ shutdown: {grace: 50ms}
 		t.Fatal("alice is listed after delete")
 	}
 	code, _, b = speech(t, s.url, `{`+req+`,"voice":"alice"}`)
-	var e struct {
-		Error struct{ Code, Param string }
-	}
 	if code != 400 || json.Unmarshal(b, &e) != nil || e.Error.Code != "invalid_value" || e.Error.Param != "voice" {
 		t.Fatalf("speech in a deleted voice: %d %.300s; want 400 invalid_value on voice", code, b)
 	}
+}
+
+// `voxmux serve` on models/tiny-cosyvoice3 with a voice library (walkVoiceLibrary).
+func TestEndToEndTinyCosyVoice3Library(t *testing.T) {
+	walkVoiceLibrary(t, libraryModel{manifest: tinyCosyVoice3(t), name: "cosyvoice3", voices: []string{"default", "bench"}, rate: 24000,
+		clip: voicedWAV(24000, 5, 0), clipRate: 24000, short: voicedWAV(24000, 2, 0),
+		prompt: func(v clonedVoice) bool { return v.Tokens > 0 }})
 }
