@@ -3,6 +3,7 @@ package instance_test
 import (
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -10,15 +11,24 @@ import (
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/piper"
 	"github.com/voxmux/voxmux/instance/staged"
+	"github.com/voxmux/voxmux/instance/voxcpm"
 	"github.com/voxmux/voxmux/tts"
 )
 
-func families() instance.Families { return instance.Families{piper.Family{}, staged.Family{}} }
+// families is cmd/voxmux's list: voxcpm before staged, which claims every path.
+func families() instance.Families {
+	return instance.Families{piper.Family{}, voxcpm.Family{}, staged.Family{}}
+}
 
 // Each family claims its own models: a Piper voice folder goes to Piper, a staged manifest to the
-// staged family.
+// staged family, a VoxCPM export (where `make tiny-voxcpm` has made one) to the voxcpm family.
 func TestFamiliesDescribe(t *testing.T) {
-	for path, kind := range map[string]string{"../models/tiny-piper": "piper", "../models/tiny/pipeline.yaml": "staged"} {
+	models := map[string]string{"../models/tiny-piper": "piper", "../models/tiny/pipeline.yaml": "staged"}
+	const vox = "../models/tiny-voxcpm/pipeline.yaml"
+	if _, err := os.Stat(vox); err == nil || os.Getenv("VOXMUX_REQUIRE_TINY_VOXCPM") != "" {
+		models[vox] = voxcpm.Kind
+	}
+	for path, kind := range models {
 		d, err := families().Describe(path)
 		if err != nil || d.Kind != kind {
 			t.Errorf("Describe(%s) = %+v, %v; want kind %s", path, d, err, kind)
