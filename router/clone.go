@@ -50,7 +50,7 @@ func (s *Server) refBodyBytes() int {
 // notCloning is the error for cloning on a model that cannot.
 func (s *Server) notCloning(param string) *apiError {
 	e := newError(fasthttp.StatusNotImplemented, "invalid_request_error", "cloning_not_supported",
-		fmt.Sprintf("model %q cannot clone voices; a model that can (CosyVoice3) is needed", s.o.Pool.Model().Name))
+		fmt.Sprintf("model %q cannot clone voices; a model that can (CosyVoice3, VoxCPM) is needed", s.o.Pool.Model().Name))
 	if param != "" {
 		e.Param = &param
 	}
