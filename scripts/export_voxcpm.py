@@ -359,13 +359,27 @@ def export_lms(prefill, step, cfg, out, dtype, device):
     export(step, args, os.path.join(out, "step.onnx"), names_in, names_out, axes)
 
 
+def check_no_float_concat(path):
+    """The graph joins no float tensors with Concat (ONNX Runtime's CUDA graphs replay a Concat
+    of unequal parts wrongly; voxcpm_net.before): only shape arithmetic may use it."""
+    import onnx
+    m = onnx.shape_inference.infer_shapes(onnx.load(path))
+    types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.output)}
+    bad = [n.name for n in m.graph.node if n.op_type == "Concat"
+           and types.get(n.output[0]) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, None)]
+    if bad:
+        raise SystemExit("%s: Concat of float tensors (or of unknown type): %s" % (path, bad[:5]))
+
+
 def export_vae(vae, cfg, out, device):
     D = cfg.feat_dim
     stream = net.VAEDecoderStream(vae)
     log("exporting vae_decoder.onnx and vae_encoder.onnx")
+    path = os.path.join(out, "vae_decoder.onnx")
     export(stream, (torch.randn(2, cfg.patch_size, D, device=device), torch.zeros(2, stream.state_size, device=device)),
-           os.path.join(out, "vae_decoder.onnx"), ["latent", "state"], ["audio", "state_out"],
+           path, ["latent", "state"], ["audio", "state_out"],
            {"latent": {0: "B", 1: "F"}, "state": {0: "B"}, "audio": {0: "B", 1: "N"}, "state_out": {0: "B"}})
+    check_no_float_concat(path)
     n = 2 * cfg.patch_size * cfg.vae.chunk_size
     export(net.VAEEncoder(vae), (torch.randn(1, n, device=device) * 0.1,), os.path.join(out, "vae_encoder.onnx"),
            ["audio"], ["latent"], {"audio": {0: "B", 1: "N"}, "latent": {0: "B", 1: "F"}})

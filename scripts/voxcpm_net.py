@@ -901,6 +901,68 @@ class StepGraph(_SharedCacheGraph):
 # AudioVAE (causal convolutions; weight norm folded at load)
 
 
+class _Before(torch.autograd.Function):
+    """torch.cat([st, x], dim=-1), st of n samples, exported as two Pads and an Add (adding zeros
+    is exact), the Pads' amounts a constant and x's length: ONNX Runtime's CUDA Concat of unequal
+    parts reads a table it stages in host memory, which a CUDA graph's replay reads stale (the
+    step's and CosyVoice3's Concats replayed NaN), and the VAE decoder is captured per batch size
+    (lm_cuda_graph on). torch's own export of F.pad computes even constant amounts at run time
+    from the input's shape, a chain of small host nodes per Pad."""
+
+    @staticmethod
+    def forward(ctx, st, x, n, rank):
+        return F.pad(st, (0, x.shape[-1])) + F.pad(x, (n, 0))
+
+    @staticmethod
+    def symbolic(g, st, x, n, rank):
+        t = g.op("Shape", x, start_i=rank - 1)
+        head = g.op("Constant", value_t=torch.zeros(2 * rank - 1, dtype=torch.int64))
+        right = g.op("Pad", st, g.op("Concat", head, t, axis_i=0))
+        left = g.op("Pad", x, g.op("Constant", value_t=_pads(rank, n, 0)))
+        return g.op("Add", right, left)
+
+
+class _PadLast(torch.autograd.Function):
+    """F.pad(x, (before, after)) on the last axis, exported as one Pad of constant amounts."""
+
+    @staticmethod
+    def forward(ctx, x, before, after, rank):
+        return F.pad(x, (before, after))
+
+    @staticmethod
+    def symbolic(g, x, before, after, rank):
+        return g.op("Pad", x, g.op("Constant", value_t=_pads(rank, before, after)))
+
+
+def _pads(rank, before, after):
+    """ONNX Pad's pads for the last axis of a tensor of rank dimensions."""
+    return torch.tensor([0] * (rank - 1) + [before] + [0] * (rank - 1) + [after], dtype=torch.int64)
+
+
+def before(st, x, n):
+    """torch.cat([st, x], dim=-1) for st of n samples, without a Concat (_Before)."""
+    return _Before.apply(st, x, n, x.dim())
+
+
+def join_flat(parts, sizes):
+    """torch.cat(parts, dim=1) of [B, sizes[i]] parts without a Concat of unequal parts (_Before):
+    adjacent pairs padded into place and added, level by level, so each value is copied about
+    log2(len(parts)) times rather than once per part. sizes are Python ints: every pad is a
+    constant."""
+    parts, sizes = list(parts), list(sizes)
+    while len(parts) > 1:
+        nparts, nsizes = [], []
+        for i in range(0, len(parts) - 1, 2):
+            a, b = parts[i], parts[i + 1]
+            nparts.append(_PadLast.apply(a, 0, sizes[i + 1], 2) + _PadLast.apply(b, sizes[i], 0, 2))
+            nsizes.append(sizes[i] + sizes[i + 1])
+        if len(parts) % 2:
+            nparts.append(parts[-1])
+            nsizes.append(sizes[-1])
+        parts, sizes = nparts, nsizes
+    return parts[0]
+
+
 class CausalConv(nn.Module):
     """CausalConv1d: `left` zeros before the input (the reference pads 2 * padding). stream()
     carries the last `left` input samples instead (stride 1 only)."""
@@ -918,7 +980,7 @@ class CausalConv(nn.Module):
         if self.left == 0:
             return F.conv1d(x, self.weight, self.bias, 1, 0, self.dilation, self.groups)
         assert self.stride == 1
-        xs = torch.cat([st.take(self.cin, self.left), x], dim=-1)
+        xs = before(st.take(self.cin, self.left), x, self.left)
         st.put(xs[..., -self.left:])
         return F.conv1d(xs, self.weight, self.bias, 1, 0, self.dilation, self.groups)
 
@@ -940,7 +1002,7 @@ class CausalConvT(nn.Module):
 
     def stream(self, x, st):
         assert self.trim == self.stride
-        xs = torch.cat([st.take(self.cin, 1), x], dim=-1)
+        xs = before(st.take(self.cin, 1), x, 1)
         st.put(x[..., -1:])
         s = self.stride
         return F.conv_transpose1d(xs, self.weight, self.bias, s)[..., s:-s]
@@ -1109,7 +1171,7 @@ class VAEDecoderStream(nn.Module):
     def forward(self, latent, state):
         st = _Slicer(state, self.layout)
         y = self.vae.decoder.model.stream(latent.transpose(1, 2), st)
-        return y[:, 0], torch.cat(st.out, dim=1)
+        return y[:, 0], join_flat(st.out, [c * n for c, n in self.layout])
 
 
 class VAEEncoder(nn.Module):

@@ -6,23 +6,16 @@ import (
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
 
-// caches are the device memory of the slots: one tensor per layer and key/value of the base and
-// the residual LM, [slots, kv_heads, max_positions, head_dim], which the prefill and step graphs
-// write in place (docs/pipeline.md, "The shared cache"), and each slot's VAE decoder state.
-//
-// The VAE state is two buffers of [slots, state_size], states[cur] holding every slot's state
-// now: a decode reads rows [0, n) of states[cur] and writes rows [0, n) of the other, which then
-// becomes cur. A graph's output may not overwrite its input in place (a convolution's state_out
-// is written while its state is still read), hence the two. Rows at or past n of the new buffer
-// are stale, but no stream is there: every stream's slot is below n.
+// caches are the device memory of the slots' LM caches: one tensor per layer and key/value of
+// the base and the residual LM, [slots, kv_heads, max_positions, head_dim], which the prefill and
+// step graphs write in place (docs/pipeline.md, "The shared cache"). The slots' VAE states are the
+// decoder's (vaeGraphs).
 type caches struct {
 	m *Manifest
 	// s allocates the tensors (every session of the engine runs on the same device).
-	s      *iobind.Session
-	elem   iobind.Elem
-	kv     []*iobind.Tensor // in cacheNames' order
-	states [2]*iobind.Tensor
-	cur    int
+	s    *iobind.Session
+	elem iobind.Elem
+	kv   []*iobind.Tensor // in cacheNames' order
 	// slots allocated; most is the cap (max_inflight).
 	slots, most int
 	// fixed: allocated once for most slots and never moved (CUDA graphs hold the addresses).
@@ -47,7 +40,6 @@ func (c *caches) posBytes() int64 { return int64(c.m.LM.HeadDim * c.elem.Size())
 func (c *caches) slotBytes() int64 {
 	return int64(c.m.LM.KVHeads) * int64(c.m.LM.MaxPositions) * c.posBytes()
 }
-func (c *caches) stateBytes() int64 { return int64(c.m.VAE.StateSize) * 4 }
 
 // reserve makes room for slots [0, n): doubling from 8, up to most, so joins rarely reallocate.
 // The slots' contents move with them.
@@ -72,39 +64,26 @@ func (c *caches) reserve(n int) error {
 	past, _ := c.m.cacheNames()
 	L := c.m.LM
 	kv := make([]*iobind.Tensor, len(past))
-	var states [2]*iobind.Tensor
-	fail := func(err error) error {
-		release(kv)
-		release(states[:])
-		return fmt.Errorf("caches for %d streams: %w", size, err)
-	}
 	for i := range kv {
 		t, err := c.s.Alloc([]int64{int64(size), int64(L.KVHeads), int64(L.MaxPositions), int64(L.HeadDim)}, c.elem)
 		if err != nil {
-			return fail(err)
+			release(kv)
+			return fmt.Errorf("caches for %d streams: %w", size, err)
 		}
 		kv[i] = t
 	}
-	for i := range states {
-		t, err := c.s.Alloc([]int64{int64(size), int64(c.m.VAE.StateSize)}, iobind.Float32)
-		if err != nil {
-			return fail(err)
-		}
-		states[i] = t
-	}
 	if c.slots > 0 {
-		copies := make([]iobind.Copy, 0, len(kv)+1)
+		copies := make([]iobind.Copy, 0, len(kv))
 		for i, t := range c.kv {
 			copies = append(copies, iobind.Copy{Dst: kv[i], Src: t, Width: t.Bytes(), Height: 1})
 		}
-		old := c.states[c.cur]
-		copies = append(copies, iobind.Copy{Dst: states[0], Src: old, Width: old.Bytes(), Height: 1})
 		if err := iobind.Copies(copies); err != nil {
-			return fail(err)
+			release(kv)
+			return fmt.Errorf("caches for %d streams: %w", size, err)
 		}
 	}
 	c.release()
-	c.kv, c.states, c.cur, c.slots = kv, states, 0, size
+	c.kv, c.slots = kv, size
 	return nil
 }
 
@@ -125,26 +104,17 @@ func (c *caches) views(from, n int) ([]*iobind.Tensor, error) {
 	return out, nil
 }
 
-// stateView is rows [from, from+n) of state buffer b.
-func (c *caches) stateView(b, from, n int) (*iobind.Tensor, error) {
-	return c.s.View(c.states[b], int64(from)*c.stateBytes(), []int64{int64(n), int64(c.m.VAE.StateSize)})
-}
-
-// swap makes the buffer a decode has just written the current one.
-func (c *caches) swap() { c.cur = 1 - c.cur }
-
 // slotMove is one stream moving down from slot from to slot to, with positions cache positions.
 type slotMove struct{ from, to, positions int }
 
-// move copies each stream's cache positions (every head of every layer of both LMs) and its VAE
-// state into its new slot, all before one wait.
+// move copies each stream's cache positions (every head of every layer of both LMs) into its
+// new slot, all before one wait.
 func (c *caches) move(moves []slotMove) error {
 	if len(moves) == 0 {
 		return nil
 	}
 	H := int64(c.m.LM.KVHeads)
 	pitch := int64(c.m.LM.MaxPositions) * c.posBytes()
-	st := c.states[c.cur]
 	var copies []iobind.Copy
 	for _, mv := range moves {
 		for _, t := range c.kv {
@@ -152,8 +122,6 @@ func (c *caches) move(moves []slotMove) error {
 				Src: t, SrcOff: int64(mv.from) * c.slotBytes(), SrcPitch: pitch,
 				Width: int64(mv.positions) * c.posBytes(), Height: H})
 		}
-		copies = append(copies, iobind.Copy{Dst: st, DstOff: int64(mv.to) * c.stateBytes(),
-			Src: st, SrcOff: int64(mv.from) * c.stateBytes(), Width: c.stateBytes(), Height: 1})
 	}
 	if err := iobind.Copies(copies); err != nil {
 		return fmt.Errorf("caches: move: %w", err)
@@ -163,8 +131,7 @@ func (c *caches) move(moves []slotMove) error {
 
 func (c *caches) release() {
 	release(c.kv)
-	release(c.states[:])
-	c.kv, c.states, c.slots = nil, [2]*iobind.Tensor{}, 0
+	c.kv, c.slots = nil, 0
 }
 
 // release frees tensors; nil ones are skipped.

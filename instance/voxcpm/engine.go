@@ -259,8 +259,8 @@ func (s *scheduler) free(b int) {
 func (s *scheduler) failAll(err error) {
 	for b, r := range s.rows {
 		if r != nil {
+			s.free(b) // first: a request that has returned holds no slot
 			r.r.finish(err)
-			s.free(b)
 		}
 	}
 	for _, r := range s.waiting {
@@ -277,8 +277,8 @@ func (s *scheduler) dropCancelled() {
 			continue
 		}
 		if err := r.r.ctx.Err(); err != nil {
-			r.r.finish(err)
 			s.free(b)
+			r.r.finish(err)
 			s.e.cancels.left(r.r)
 		}
 	}
@@ -401,7 +401,7 @@ func (s *scheduler) step() {
 		return
 	}
 	t1 := time.Now()
-	audio, err := e.run.decode(n)
+	audio, err := e.run.decode(n, out.patch)
 	e.stats.Count(stageVAE, s.live, t1)
 	if err != nil {
 		s.failAll(err)
@@ -420,8 +420,8 @@ func (s *scheduler) step() {
 		r.pos++
 		r.i++
 		if done {
-			r.r.finish(nil)
 			s.free(b)
+			r.r.finish(nil)
 		}
 	}
 }

@@ -16,7 +16,6 @@ type fakeRunner struct {
 	most      int
 	kv        [][]float32 // [slot][position]
 	state     [][]float32 // [slot][state_size]
-	patch     [][]float32 // the last step's, by slot
 	stepDelay time.Duration
 	mu        sync.Mutex
 	calls     []string
@@ -49,7 +48,6 @@ func (f *fakeRunner) reserve(n int) error {
 	for len(f.kv) < n {
 		f.kv = append(f.kv, make([]float32, f.m.LM.MaxPositions))
 		f.state = append(f.state, make([]float32, f.m.VAE.StateSize))
-		f.patch = append(f.patch, nil)
 	}
 	return nil
 }
@@ -126,7 +124,6 @@ func (f *fakeRunner) step(in *stepIn) (*stepOut, error) {
 		for j := range patch {
 			patch[j] = float32(math.Tanh(float64(mu[j%H]) + 0.5*float64(noise[j]) + 0.1*float64(cond[j])*float64(in.cfg[b])))
 		}
-		f.patch[b] = append(f.patch[b][:0], patch...)
 		nm, ns := f.muStop(b, pos+1)
 		copy(out.nextMu[b*H:], nm)
 		copy(out.nextStop[2*b:], ns[:])
@@ -134,12 +131,15 @@ func (f *fakeRunner) step(in *stepIn) (*stepOut, error) {
 	return out, nil
 }
 
-func (f *fakeRunner) decode(n int) ([]float32, error) {
+func (f *fakeRunner) decode(n int, patches []float32) ([]float32, error) {
 	f.log("decode %d", n)
-	S := f.m.patchSamples()
+	S, PD := f.m.patchSamples(), f.m.patchFloats()
+	if len(patches) != n*PD {
+		return nil, fmt.Errorf("fake: decode of %d rows given %d latent values", n, len(patches))
+	}
 	audio := make([]float32, n*S)
 	for b := range n {
-		st, patch := f.state[b], f.patch[b]
+		st, patch := f.state[b], patches[b*PD:(b+1)*PD]
 		for k := range S {
 			audio[b*S+k] = 0.5*patch[k%len(patch)] + st[k%len(st)]
 		}

@@ -67,6 +67,10 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 	if err := cfg.Engine.Validate(); err != nil {
 		return nil, tts.Description{}, err
 	}
+	if len(cfg.Engine.VocoderBatches) > 0 {
+		return nil, tts.Description{}, &tts.OptionError{Key: "vocoder_batches",
+			Msg: "voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies"}
+	}
 	if cfg.Placement == "split" {
 		return nil, tts.Description{}, errors.New("placement split is not supported by voxcpm models: each GPU runs the whole model (placement replicated)")
 	}
@@ -107,7 +111,7 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openGraphs(m, rt, slots, stepGraphMode(cfg.Engine, rt.CUDA()))
+	g, err := openGraphs(m, rt, slots, stepGraphMode(cfg.Engine, rt.CUDA()), plainVAE(cfg.Engine))
 	if err != nil {
 		rt.Close()
 		return nil, err
@@ -124,6 +128,10 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 	e.enc, e.closeRest = enc, rt.Close
 	return e, nil
 }
+
+// plainVAE reports whether the VAE decoder runs every batch in its own shape rather than in the
+// step's buckets: engine.vocoder_batches set to [], as for the staged family's vocoder.
+func plainVAE(o tts.EngineOptions) bool { return o.VocoderBatchesSet && len(o.VocoderBatches) == 0 }
 
 // replicas spreads requests over one engine per GPU, to the least loaded.
 type replicas struct {

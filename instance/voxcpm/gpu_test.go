@@ -13,8 +13,9 @@ import (
 
 // On a GPU host (VOXMUX_GPU_VOXCPM: a float16 export, which CUDA's GroupQueryAttention needs;
 // ORT_LIB: ONNX Runtime with the CUDA provider), the engine runs on CUDA with the plain step and
-// with the step's CUDA graphs: requests alone and batched give finite audio of whole patches, and
-// the graphs' audio is the plain step's within float16 rounding.
+// with the step's and the VAE decoder's CUDA graphs: requests alone and batched give finite audio
+// of whole patches, and the graphs' audio is the plain step's within float16 rounding, as is that
+// of the VAE decoder run in every batch's own shape (vocoder_batches []).
 func TestGPUSteps(t *testing.T) {
 	path := os.Getenv("VOXMUX_GPU_VOXCPM")
 	if path == "" {
@@ -24,9 +25,9 @@ func TestGPUSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(mode string) *Engine {
+	open := func(mode string, plainVAE bool) *Engine {
 		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 16,
-			Engine: tts.EngineOptions{LMCUDAGraph: mode}})
+			Engine: tts.EngineOptions{LMCUDAGraph: mode, VocoderBatchesSet: plainVAE}})
 		if err != nil {
 			t.Fatalf("lm_cuda_graph %s: %v", mode, err)
 		}
@@ -69,7 +70,7 @@ func TestGPUSteps(t *testing.T) {
 		}
 		return maxDiff(a.chunks[0], b.chunks[0])
 	}
-	plain := open("off")
+	plain := open("off", false)
 	alone := make([]result, len(reqs))
 	for i, req := range reqs {
 		alone[i] = run(t, plain, req)
@@ -77,14 +78,18 @@ func TestGPUSteps(t *testing.T) {
 	check("plain alone", alone)
 	pb, pt := batched(plain)
 	check("plain batched", pb)
-	graphs := open("on")
+	graphs := open("on", false)
 	gb, gt := batched(graphs)
 	check("graphs batched", gb)
-	var dPlain, dGraph float64
+	ownShapes := open("off", true)
+	ob, ot := batched(ownShapes)
+	check("VAE in its own shapes, batched", ob)
+	var dPlain, dGraph, dOwn float64
 	sameLen := 0
 	for i := range reqs {
 		dPlain = max(dPlain, firstPatch(pb[i], alone[i]))
 		dGraph = max(dGraph, firstPatch(gb[i], pb[i]))
+		dOwn = max(dOwn, firstPatch(ob[i], pb[i]))
 		if len(gb[i].chunks) == len(pb[i].chunks) {
 			sameLen++
 		}
@@ -97,10 +102,11 @@ func TestGPUSteps(t *testing.T) {
 		return (st.Busy / time.Duration(st.Batches)).String() + " a step, " +
 			time.Duration(int64(e.Stats()[stageVAE].Busy)/int64(e.Stats()[stageVAE].Batches)).String() + " a VAE run"
 	}
-	t.Logf("first patch: batched %g from alone (plain step), graphs %g from plain; %d of %d requests as long with graphs as without",
-		dPlain, dGraph, sameLen, len(reqs))
-	t.Logf("%d requests at once: plain %v (%s), graphs %v (%s)", len(reqs), pt, stat(plain), gt, stat(graphs))
-	if dPlain > 0.05 || dGraph > 0.05 {
-		t.Fatalf("first patches differ by %g (batched) and %g (graphs), over float16 rounding", dPlain, dGraph)
+	t.Logf("first patch: batched %g from alone (plain step), graphs %g from plain, VAE in its own shapes %g from its buckets; %d of %d requests as long with graphs as without",
+		dPlain, dGraph, dOwn, sameLen, len(reqs))
+	t.Logf("%d requests at once: plain %v (%s), graphs %v (%s), VAE in its own shapes %v (%s)", len(reqs), pt, stat(plain), gt, stat(graphs),
+		ot, stat(ownShapes))
+	if dPlain > 0.05 || dGraph > 0.05 || dOwn > 0.05 {
+		t.Fatalf("first patches differ by %g (batched), %g (graphs) and %g (VAE in its own shapes), over float16 rounding", dPlain, dGraph, dOwn)
 	}
 }

@@ -1,7 +1,6 @@
 package voxcpm
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/voxmux/voxmux/instance/ort"
@@ -15,14 +14,14 @@ type runner interface {
 	reserve(n int) error
 	// prefill runs prompt p into slot s (B = 1) and returns patch 0's mu and stop logits.
 	prefill(s int, p *prompt) (mu []float32, stop [2]float32, err error)
-	// prime sets slot s's VAE state: zeros, or (context: frames of feat_dim) the state after
-	// decoding context, its audio dropped.
+	// prime sets slot s's VAE state: zeros, or (context: whole patches) the state after decoding
+	// context, its audio dropped.
 	prime(s int, context []float32) error
 	// step runs the step graph over slots [0, in.n).
 	step(in *stepIn) (*stepOut, error)
-	// decode runs the VAE decoder over slots [0, n), its latents the last step's patches, and
-	// returns the audio, [n][patch_size·chunk_size].
-	decode(n int) ([]float32, error)
+	// decode runs the VAE decoder over slots [0, n), their latents patch ([n][patch_size][feat_dim],
+	// the step's), and returns the audio, [n][patch_size·chunk_size], valid until the next decode.
+	decode(n int, patch []float32) ([]float32, error)
 	// move moves streams down into free slots.
 	move(moves []slotMove) error
 	close() error
@@ -53,12 +52,11 @@ type stepOut struct {
 // graphs runs the export's graphs through I/O binding, their caches and VAE states on the
 // device they compute on.
 type graphs struct {
-	m                        *Manifest
-	prefillS, stepS, decodeS *iobind.Session
-	c                        *caches
-	past, present            []string
-	// patch is the last step's patch output, on the device, which decode reads.
-	patch *iobind.Tensor
+	m               *Manifest
+	prefillS, stepS *iobind.Session
+	c               *caches
+	v               *vaeGraphs
+	past, present   []string
 	// sg is set when steps run in fixed shapes (lm_cuda_graph); nil: each step its own shape.
 	sg *stepGraphs
 }
@@ -66,8 +64,9 @@ type graphs struct {
 var _ runner = (*graphs)(nil)
 
 // openGraphs opens the prefill, step and VAE decoder graphs on rt's device, with caches for at
-// most slots streams; mode is the step's (stepGraphMode).
-func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string) (_ *graphs, err error) {
+// most slots streams; mode is the step's (stepGraphMode); plainVAE runs every VAE decode in its
+// own shape rather than the step's buckets'.
+func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE bool) (_ *graphs, err error) {
 	g := &graphs{m: m}
 	g.past, g.present = m.cacheNames()
 	defer func() {
@@ -88,7 +87,9 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string) (_ *graphs
 	if g.prefillS, err = open("graphs.prefill", m.Graphs.Prefill, "voxcpm_prefill", false); err != nil {
 		return nil, err
 	}
-	if g.decodeS, err = open("graphs.vae_decoder", m.Graphs.VAEDecoder, "voxcpm_vae_decoder", false); err != nil {
+	buckets := stepBuckets(slots)
+	rows := buckets[len(buckets)-1]
+	if g.v, err = openVAE(m, rt, rows, buckets, plainVAE, mode == graphOn); err != nil {
 		return nil, err
 	}
 	if mode == graphOff {
@@ -106,8 +107,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string) (_ *graphs
 	if err != nil {
 		return nil, err
 	}
-	buckets := stepBuckets(slots)
-	if g.c, err = newCaches(m, g.stepS, buckets[len(buckets)-1], true); err != nil {
+	if g.c, err = newCaches(m, g.stepS, rows, true); err != nil {
 		return nil, err
 	}
 	if err := g.openStepGraphs(buckets); err != nil {
@@ -118,7 +118,16 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string) (_ *graphs
 
 func (g *graphs) reserve(n int) error { return g.c.reserve(n) }
 
-func (g *graphs) move(moves []slotMove) error { return g.c.move(moves) }
+func (g *graphs) move(moves []slotMove) error {
+	if err := g.c.move(moves); err != nil {
+		return err
+	}
+	return g.v.move(moves)
+}
+
+func (g *graphs) prime(s int, context []float32) error { return g.v.prime(s, context) }
+
+func (g *graphs) decode(n int, patch []float32) ([]float32, error) { return g.v.decode(n, patch) }
 
 // hostInput is a graph input made from host data.
 type hostInput struct {
@@ -233,21 +242,16 @@ func (g *graphs) step(in *stepIn) (*stepOut, error) {
 	if err != nil {
 		return nil, fmt.Errorf("step: %w", err)
 	}
-	outs := g.bindCache(inputs, []iobind.Output{{Name: "patch"}, {Name: "next_mu", Host: true}, {Name: "next_stop_logits", Host: true}}, cache)
+	outs := g.bindCache(inputs, []iobind.Output{{Name: "patch", Host: true}, {Name: "next_mu", Host: true},
+		{Name: "next_stop_logits", Host: true}}, cache)
 	res, err := g.stepS.Run(inputs, outs)
 	if err != nil {
 		return nil, fmt.Errorf("step: %w", err)
 	}
-	// The patch stays where the step computed it, for the VAE decoder; the presents are views.
-	g.patch.Release()
-	g.patch = res[0]
-	defer release(res[1:])
-	out := &stepOut{patch: make([]float32, n*m.patchFloats())}
-	if g.patch.Bytes() != int64(4*len(out.patch)) {
-		return nil, fmt.Errorf("step: patch has shape %v, want [%d %d %d]", g.patch.Shape, n, P, D)
-	}
-	if err := iobind.Download(out.patch, g.patch); err != nil {
-		return nil, fmt.Errorf("step: patch: %w", err)
+	defer release(res)
+	out := &stepOut{}
+	if out.patch, err = floats(res[0], n*m.patchFloats(), "step: patch"); err != nil {
+		return nil, err
 	}
 	if out.nextMu, err = floats(res[1], n*m.DiTHidden, "step: next_mu"); err != nil {
 		return nil, err
@@ -258,73 +262,14 @@ func (g *graphs) step(in *stepIn) (*stepOut, error) {
 	return out, nil
 }
 
-func (g *graphs) decode(n int) ([]float32, error) {
-	if g.patch == nil || g.patch.Shape[0] != int64(n) {
-		return nil, errors.New("vae_decoder: no step of these rows to decode")
-	}
-	c := g.c
-	state, err := c.stateView(c.cur, 0, n)
-	if err != nil {
-		return nil, fmt.Errorf("vae_decoder: %w", err)
-	}
-	defer state.Release()
-	next, err := c.stateView(1-c.cur, 0, n)
-	if err != nil {
-		return nil, fmt.Errorf("vae_decoder: %w", err)
-	}
-	defer next.Release()
-	res, err := g.decodeS.Run(map[string]*iobind.Tensor{"latent": g.patch, "state": state},
-		[]iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Into: next}})
-	if err != nil {
-		return nil, fmt.Errorf("vae_decoder: %w", err)
-	}
-	defer release(res)
-	c.swap()
-	return floats(res[0], n*g.m.patchSamples(), "vae_decoder: audio")
-}
-
-func (g *graphs) prime(s int, context []float32) error {
-	c := g.c
-	row, err := c.stateView(c.cur, s, 1)
-	if err != nil {
-		return fmt.Errorf("vae_decoder: %w", err)
-	}
-	defer row.Release()
-	if len(context) == 0 {
-		if err := iobind.Zero(row); err != nil {
-			return fmt.Errorf("vae_decoder: zero state: %w", err)
-		}
-		return nil
-	}
-	D := g.m.FeatDim
-	var held []*iobind.Tensor
-	defer func() { release(held) }()
-	in := map[string]*iobind.Tensor{}
-	err = hostTensors(in, &held,
-		hostInput{"latent", []int64{1, int64(len(context) / D), int64(D)}, context},
-		hostInput{"state", []int64{1, int64(g.m.VAE.StateSize)}, make([]float32, g.m.VAE.StateSize)})
-	if err != nil {
-		return fmt.Errorf("vae_decoder: %w", err)
-	}
-	res, err := g.decodeS.Run(in, []iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Into: row}})
-	if err != nil {
-		return fmt.Errorf("vae_decoder: prime: %w", err)
-	}
-	release(res)
-	return nil
-}
-
 func (g *graphs) close() error {
-	g.patch.Release()
-	g.patch = nil
 	g.sg.close()
 	if g.c != nil {
 		g.c.release()
 	}
-	for _, s := range []*iobind.Session{g.prefillS, g.decodeS} {
-		if s != nil {
-			s.Close()
-		}
+	g.v.close()
+	if g.prefillS != nil {
+		g.prefillS.Close()
 	}
 	var thread *ort.Thread
 	if g.sg != nil {

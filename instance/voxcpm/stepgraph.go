@@ -204,13 +204,6 @@ func (g *graphs) stepFixed(in *stepIn) (*stepOut, error) {
 		nextMu:   append([]float32(nil), b.hNextMu.Float32s()[:n*H]...),
 		nextStop: append([]float32(nil), b.hNextStop.Float32s()[:2*n]...),
 	}
-	// The VAE decoder reads the first n rows of the bucket's patch where the step left it.
-	v, err := s.View(b.patch, 0, []int64{int64(n), int64(m.PatchSize), int64(m.FeatDim)})
-	if err != nil {
-		return nil, fmt.Errorf("step: %w", err)
-	}
-	g.patch.Release()
-	g.patch = v
 	return out, nil
 }
 

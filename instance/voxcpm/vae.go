@@ -1,0 +1,327 @@
+package voxcpm
+
+import (
+	"fmt"
+	"maps"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+)
+
+// vaeGraphs run the streaming VAE decoder (vae_decoder.onnx) over the slots' states.
+//
+// A decode runs in the step's bucket batch sizes (stepBuckets): the smallest bucket of at least
+// the n rows a step ran, its rows past n free slots fed zero latents, their state rows scratch
+// (a stream that joins a slot primes its row first). Each bucket has its own latent and audio
+// tensors and two runs bound once, one per direction of the state buffers, each warmed at load
+// and, with lm_cuda_graph on, captured as a CUDA graph. Why fixed shapes: ONNX Runtime 1.29 plans
+// a session's cuDNN convolutions again whenever its input shape changes (docs/operations.md), and
+// a decode of exactly n rows changed shape nearly every step as streams joined and left. That
+// planning is likely most of what the VAE cost per run on a GPU (45 ms at 1.5 rows on average);
+// a hypothesis the next GPU run measures. Without graphs, a change of bucket still plans again;
+// replays of captured graphs never do.
+//
+// The states are two buffers of [rows, state_size], states[cur] holding every slot's state now:
+// a decode reads rows [0, B) of states[cur] and writes rows [0, B) of the other, which then
+// becomes cur. A graph's output may not overwrite its input in place (a convolution's state_out
+// is written while its state is still read), hence the two; a graph alternates between them as
+// two captured graphs, each of fixed addresses. The buffers are allocated once, for the largest
+// bucket, and never move.
+type vaeGraphs struct {
+	m      *Manifest
+	s      *iobind.Session
+	states [2]*iobind.Tensor
+	cur    int
+	rows   int
+	// buckets are the fixed shapes, rising; nil: every decode runs its own shape
+	// (engine.vocoder_batches: []), the way to compare the two.
+	buckets []*vaeBucket
+	// thread runs every call of the session when its runs are captured: ONNX Runtime keeps a
+	// session's graphs per OS thread. nil: the caller's thread.
+	thread *ort.Thread
+}
+
+// vaeBucket is one batch size's tensors and bound runs.
+type vaeBucket struct {
+	B               int
+	latent, audio   *iobind.Tensor // on the device
+	hLatent, hAudio *iobind.Pinned
+	views           [2]*iobind.Tensor // rows [0, B) of each state buffer
+	// run[c] reads states[c] and writes states[1-c].
+	run [2]*iobind.Bound
+}
+
+func (b *vaeBucket) release() {
+	for _, r := range b.run {
+		r.Close()
+	}
+	b.hLatent.Free()
+	b.hAudio.Free()
+	release([]*iobind.Tensor{b.latent, b.audio, b.views[0], b.views[1]})
+}
+
+// openVAE opens the decoder on rt's device with states for rows slots and, unless plain, a bucket
+// for each of buckets (rising, the last at most rows); graphs: the buckets' runs are captured.
+func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graphs bool) (_ *vaeGraphs, err error) {
+	v := &vaeGraphs{m: m, rows: rows}
+	defer func() {
+		if err != nil {
+			v.close()
+		}
+	}()
+	// The vocoder's CUDA options (prefer_nhwc: channels-last convolutions, which ran the staged
+	// family's vocoder 14-19% faster); cudnn_conv_algo_search stays the runtime's (DEFAULT unless
+	// provider_options say otherwise): EXHAUSTIVE plans for about a second and a half per shape,
+	// paid again by every change of bucket outside graphs and by each voice's priming, and
+	// HEURISTIC failed to initialise for a dilated convolution (cuDNN 9.14), which the VAE's
+	// residual units are.
+	p := rt.Placement()
+	if o := rt.VocoderCUDAOptions(); len(o) > 0 {
+		p.ProviderOptions = maps.Clone(p.ProviderOptions)
+		maps.Copy(p.ProviderOptions, o)
+	}
+	p.Profile = rt.ProfilePrefix("voxcpm_vae_decoder")
+	p.CUDAGraph = p.CUDA && graphs && !plain
+	if p.CUDAGraph {
+		v.thread = ort.NewThread()
+	}
+	err = v.thread.Do(func() (err error) {
+		v.s, err = iobind.Open(m.Path(m.Graphs.VAEDecoder), p)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("graphs.vae_decoder: %w", err)
+	}
+	for i := range v.states {
+		if v.states[i], err = v.s.Alloc([]int64{int64(rows), int64(m.VAE.StateSize)}, iobind.Float32); err != nil {
+			return nil, fmt.Errorf("vae_decoder: states of %d streams: %w", rows, err)
+		}
+	}
+	if plain {
+		return v, nil
+	}
+	for i, B := range buckets {
+		b, err := v.newBucket(2*i+1, B)
+		if err != nil {
+			return nil, fmt.Errorf("vae_decoder, %d rows: %w", B, err)
+		}
+		v.buckets = append(v.buckets, b)
+		// Three runs each: ONNX Runtime captures a graph on a run with its ID after two ordinary
+		// ones. No stream is in the states yet: what the runs write there is never read.
+		for _, r := range b.run {
+			for range 3 {
+				if err := v.thread.Do(r.Run); err != nil {
+					return nil, fmt.Errorf("vae_decoder, %d rows: %w", B, err)
+				}
+			}
+		}
+	}
+	return v, nil
+}
+
+// newBucket makes bucket B's tensors and binds its runs as graphs id and id+1.
+func (v *vaeGraphs) newBucket(id, B int) (_ *vaeBucket, err error) {
+	m, s := v.m, v.s
+	b := &vaeBucket{B: B}
+	defer func() {
+		if err != nil {
+			b.release()
+		}
+	}()
+	if b.latent, err = s.Alloc([]int64{int64(B), int64(m.PatchSize), int64(m.FeatDim)}, iobind.Float32); err != nil {
+		return nil, err
+	}
+	if b.audio, err = s.Alloc([]int64{int64(B), int64(m.patchSamples())}, iobind.Float32); err != nil {
+		return nil, err
+	}
+	if b.hLatent, err = iobind.NewPinned(s.Placement(), b.latent.Bytes()); err != nil {
+		return nil, err
+	}
+	if b.hAudio, err = iobind.NewPinned(s.Placement(), b.audio.Bytes()); err != nil {
+		return nil, err
+	}
+	for c := range b.views {
+		if b.views[c], err = v.stateView(c, 0, B); err != nil {
+			return nil, err
+		}
+	}
+	for c := range b.run {
+		in := map[string]*iobind.Tensor{"latent": b.latent, "state": b.views[c]}
+		outs := []iobind.Output{{Name: "audio", Into: b.audio}, {Name: "state_out", Into: b.views[1-c]}}
+		if b.run[c], err = s.Bind(in, outs, id+c); err != nil {
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+func (v *vaeGraphs) stateBytes() int64 { return int64(v.m.VAE.StateSize) * 4 }
+
+// stateView is rows [from, from+n) of state buffer c.
+func (v *vaeGraphs) stateView(c, from, n int) (*iobind.Tensor, error) {
+	return v.s.View(v.states[c], int64(from)*v.stateBytes(), []int64{int64(n), int64(v.m.VAE.StateSize)})
+}
+
+// decode runs the decoder over slots [0, n), their latents patch ([n][patch_size][feat_dim]),
+// and returns the audio, [n][patch_size·chunk_size]; the slice is the decoder's until the next
+// decode.
+func (v *vaeGraphs) decode(n int, patch []float32) ([]float32, error) {
+	if len(patch) != n*v.m.patchFloats() {
+		return nil, fmt.Errorf("vae_decoder: %d latent values for %d streams", len(patch), n)
+	}
+	if v.buckets == nil {
+		return v.decodePlain(n, patch)
+	}
+	i := 0
+	for i < len(v.buckets) && v.buckets[i].B < n {
+		i++
+	}
+	if i == len(v.buckets) {
+		return nil, fmt.Errorf("vae_decoder: %d streams are over the %d rows its shapes were made for", n, v.buckets[len(v.buckets)-1].B)
+	}
+	b, s := v.buckets[i], v.s
+	h := b.hLatent.Float32s()
+	clear(h[copy(h, patch):])
+	if err := s.Send(b.latent, b.hLatent); err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	// On the session's stream after the copy, which the run waits for with its kernels.
+	if err := v.thread.Do(b.run[v.cur].Run); err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	if err := s.Receive(b.hAudio, b.audio); err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	if err := s.Wait(); err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	v.cur = 1 - v.cur
+	return b.hAudio.Float32s()[:n*v.m.patchSamples()], nil
+}
+
+// decodePlain is decode in a shape of exactly n rows.
+func (v *vaeGraphs) decodePlain(n int, patch []float32) ([]float32, error) {
+	m := v.m
+	state, err := v.stateView(v.cur, 0, n)
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer state.Release()
+	next, err := v.stateView(1-v.cur, 0, n)
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer next.Release()
+	latent, err := iobind.Host([]int64{int64(n), int64(m.PatchSize), int64(m.FeatDim)}, patch)
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer latent.Release()
+	res, err := v.run(map[string]*iobind.Tensor{"latent": latent, "state": state},
+		[]iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Into: next}})
+	if err != nil {
+		return nil, fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer release(res)
+	v.cur = 1 - v.cur
+	return floats(res[0], n*m.patchSamples(), "vae_decoder: audio")
+}
+
+// prime sets slot s's state: zeros, or (context: whole patches) the state after decoding
+// context, its audio dropped. The context runs a patch at a time, in the shape of one-row
+// decodes (bucket 1's, already planned), its state carried on the host; decoding in pieces
+// equals decoding at once (docs/voxcpm.md). It runs uncaptured.
+func (v *vaeGraphs) prime(s int, context []float32) error {
+	row, err := v.stateView(v.cur, s, 1)
+	if err != nil {
+		return fmt.Errorf("vae_decoder: %w", err)
+	}
+	defer row.Release()
+	if len(context) == 0 {
+		if err := iobind.Zero(row); err != nil {
+			return fmt.Errorf("vae_decoder: zero state: %w", err)
+		}
+		return nil
+	}
+	m := v.m
+	PD := m.patchFloats()
+	if len(context)%PD != 0 {
+		return fmt.Errorf("vae_decoder: a context of %d values is not whole patches", len(context))
+	}
+	state := make([]float32, m.VAE.StateSize)
+	err = v.thread.Do(func() error {
+		for at := 0; at < len(context); at += PD {
+			var held []*iobind.Tensor
+			in := map[string]*iobind.Tensor{}
+			err := hostTensors(in, &held,
+				hostInput{"latent", []int64{1, int64(m.PatchSize), int64(m.FeatDim)}, context[at : at+PD]},
+				hostInput{"state", []int64{1, int64(m.VAE.StateSize)}, state})
+			if err != nil {
+				release(held)
+				return err
+			}
+			res, err := v.run(in, []iobind.Output{{Name: "audio", Host: true}, {Name: "state_out", Host: true}})
+			release(held)
+			if err != nil {
+				return err
+			}
+			next, err := floats(res[1], m.VAE.StateSize, "state_out")
+			release(res)
+			if err != nil {
+				return err
+			}
+			state = next
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("vae_decoder: prime: %w", err)
+	}
+	if err := iobind.Upload(row, state); err != nil {
+		return fmt.Errorf("vae_decoder: prime: %w", err)
+	}
+	return nil
+}
+
+// run is an ordinary run of the session: with graphs, one that neither captures nor replays.
+func (v *vaeGraphs) run(in map[string]*iobind.Tensor, outs []iobind.Output) ([]*iobind.Tensor, error) {
+	if v.thread != nil {
+		return v.s.RunGraph(in, outs, iobind.NoGraph)
+	}
+	return v.s.Run(in, outs)
+}
+
+// move copies each moving stream's state into its new slot.
+func (v *vaeGraphs) move(moves []slotMove) error {
+	if len(moves) == 0 {
+		return nil
+	}
+	st := v.states[v.cur]
+	copies := make([]iobind.Copy, 0, len(moves))
+	for _, mv := range moves {
+		copies = append(copies, iobind.Copy{Dst: st, DstOff: int64(mv.to) * v.stateBytes(),
+			Src: st, SrcOff: int64(mv.from) * v.stateBytes(), Width: v.stateBytes(), Height: 1})
+	}
+	if err := iobind.Copies(copies); err != nil {
+		return fmt.Errorf("vae_decoder: move states: %w", err)
+	}
+	return nil
+}
+
+func (v *vaeGraphs) close() {
+	if v == nil {
+		return
+	}
+	for _, b := range v.buckets {
+		b.release()
+	}
+	v.buckets = nil
+	release(v.states[:])
+	v.states = [2]*iobind.Tensor{}
+	if v.s != nil {
+		v.thread.Do(func() error { v.s.Close(); return nil })
+		v.s = nil
+	}
+	v.thread.Close()
+	v.thread = nil
+}

@@ -1,0 +1,244 @@
+package voxcpm
+
+import (
+	"math/rand/v2"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// tinyRuntime loads the tiny export's manifest and a CPU runtime, skipping (or failing, with
+// VOXMUX_REQUIRE_TINY_VOXCPM=1) without the export.
+func tinyRuntime(t *testing.T) (*Manifest, *ort.Runtime) {
+	t.Helper()
+	path := tinyPath()
+	if _, err := os.Stat(path); err != nil {
+		tinyEngine(t, 1) // skips or fails as the other tests do
+	}
+	m, err := LoadManifest(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: lib}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	if err := iobind.Init(lib); err != nil {
+		t.Fatal(err)
+	}
+	return m, rt
+}
+
+// countingRunner counts what the scheduler asks of the graphs.
+type countingRunner struct {
+	runner
+	moves, decodes atomic.Int64
+	// rows is the most rows of one decode.
+	rows atomic.Int64
+}
+
+func (c *countingRunner) move(moves []slotMove) error {
+	c.moves.Add(int64(len(moves)))
+	return c.runner.move(moves)
+}
+
+func (c *countingRunner) decode(n int, patch []float32) ([]float32, error) {
+	c.decodes.Add(1)
+	for {
+		r := c.rows.Load()
+		if int64(n) <= r || c.rows.CompareAndSwap(r, int64(n)) {
+			break
+		}
+	}
+	return c.runner.decode(n, patch)
+}
+
+// tinyCountingEngine is tinyEngineWith over a countingRunner.
+func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions) (*Engine, *countingRunner) {
+	t.Helper()
+	m, rt := tinyRuntime(t)
+	tok, err := loadTokenizer(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := openGraphs(m, rt, slots, stepGraphMode(opts, false), plainVAE(opts))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &countingRunner{runner: g}
+	e := newEngine(m, tok, c, slots)
+	t.Cleanup(func() { e.Close() })
+	return e, c
+}
+
+// The VAE decoder in the buckets' fixed shapes gives the audio of decodes of exactly n rows, as
+// the number of rows changes (and with it the bucket), streams move between slots and states
+// are primed with a voice's context or zeroed.
+func TestTinyVAEBucketsEqualPlain(t *testing.T) {
+	m, rt := tinyRuntime(t)
+	const rows = 8
+	buckets := stepBuckets(6)
+	fixed, err := openVAE(m, rt, rows, buckets, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fixed.close()
+	plain, err := openVAE(m, rt, rows, buckets, true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.close()
+	if len(fixed.buckets) != len(buckets) || plain.buckets != nil {
+		t.Fatalf("%d fixed shapes (want %d), plain has %d", len(fixed.buckets), len(buckets), len(plain.buckets))
+	}
+	g := rand.New(rand.NewPCG(1, 2))
+	PD, S := m.patchFloats(), m.patchSamples()
+	context := make([]float32, 2*PD)
+	for i := range context {
+		context[i] = float32(g.NormFloat64())
+	}
+	both := func(f func(v *vaeGraphs) error) {
+		t.Helper()
+		for _, v := range []*vaeGraphs{fixed, plain} {
+			if err := f(v); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// n rows per step; before a step, the slots in prime are joined (a voice's context in even
+	// ones) and the moves made.
+	steps := []struct {
+		n     int
+		prime []int
+		moves []slotMove
+	}{
+		{n: 1, prime: []int{0}},
+		{n: 3, prime: []int{1, 2}},
+		{n: 3},
+		{n: 5, prime: []int{3, 4}},
+		{n: 4, moves: []slotMove{{from: 4, to: 1}}},
+		{n: 2, moves: []slotMove{{from: 3, to: 0}}},
+		{n: 6, prime: []int{2, 3, 4, 5}},
+		{n: 1},
+	}
+	var worst float64
+	for i, st := range steps {
+		for _, s := range st.prime {
+			c := context
+			if s%2 == 1 {
+				c = nil
+			}
+			both(func(v *vaeGraphs) error { return v.prime(s, c) })
+		}
+		both(func(v *vaeGraphs) error { return v.move(st.moves) })
+		patch := make([]float32, st.n*PD)
+		for j := range patch {
+			patch[j] = float32(g.NormFloat64())
+		}
+		a, err := fixed.decode(st.n, patch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a = append([]float32(nil), a...)
+		b, err := plain.decode(st.n, patch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(a) != st.n*S || len(b) != st.n*S {
+			t.Fatalf("step %d: %d and %d samples for %d rows", i, len(a), len(b), st.n)
+		}
+		d := maxDiff(a, b)
+		worst = max(worst, d)
+		if d > 1e-5 {
+			t.Fatalf("step %d (%d rows): fixed shapes %g from plain", i, st.n, d)
+		}
+	}
+	if _, err := fixed.decode(rows+1, make([]float32, (rows+1)*PD)); err == nil {
+		t.Fatal("a decode of more rows than the largest bucket ran")
+	}
+	t.Logf("fixed shapes at most %g from plain", worst)
+}
+
+// The engine with the VAE in fixed shapes, with the plain step and with the step's fixed shapes
+// (lm_cuda_graph fixed), gives each request the audio of the plain VAE and step, alone and
+// batched with streams joining and leaving (compaction moving them down).
+func TestTinyVAEFixedShapes(t *testing.T) {
+	plain := tinyEngineWith(t, 6, tts.EngineOptions{VocoderBatchesSet: true})
+	if plain.run.(*graphs).v.buckets != nil {
+		t.Fatal("vocoder_batches [] does not run the VAE in its own shapes")
+	}
+	reqs := []tts.Request{{Text: "One request.", Seed: 1}, {Text: "And another, a little longer than that.", Seed: 2},
+		{Text: "Third.", Seed: 3}, {Text: "A fourth one, which is the longest of them all by a few words.", Seed: 4},
+		{Text: "Five.", Seed: 5}}
+	if len(plain.m.voiceNames) > 1 {
+		reqs[2].Voice = plain.m.voiceNames[1]
+	}
+	want := make([]result, len(reqs))
+	for i, req := range reqs {
+		if want[i] = run(t, plain, req); want[i].err != nil {
+			t.Fatal(want[i].err)
+		}
+	}
+	for _, mode := range []string{"off", "fixed"} {
+		e, c := tinyCountingEngine(t, 6, tts.EngineOptions{LMCUDAGraph: mode})
+		if g := c.runner.(*graphs); len(g.v.buckets) != len(stepBuckets(6)) {
+			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(stepBuckets(6)))
+		}
+		if r := run(t, e, reqs[1]); r.err != nil || closeTo(r, want[1]) > 1e-4 {
+			t.Fatalf("lm_cuda_graph %s, alone: %v, %g from the plain VAE", mode, r.err, closeTo(r, want[1]))
+		}
+		got := make([]result, len(reqs))
+		var wg sync.WaitGroup
+		for i, req := range reqs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i%3) * 20 * time.Millisecond)
+				got[i] = run(t, e, req)
+			}()
+		}
+		wg.Wait()
+		var worst float64
+		for i := range reqs {
+			if got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {
+				t.Fatalf("lm_cuda_graph %s, request %d batched: %v, %d patches (plain alone %d), %g from the plain VAE alone",
+					mode, i, got[i].err, len(got[i].chunks), len(want[i].chunks), closeTo(got[i], want[i]))
+			}
+			worst = max(worst, closeTo(got[i], want[i]))
+		}
+		if c.rows.Load() < 2 || c.moves.Load() == 0 {
+			t.Fatalf("lm_cuda_graph %s: decodes of at most %d rows, %d moves: the test does not cover batches and compaction",
+				mode, c.rows.Load(), c.moves.Load())
+		}
+		t.Logf("lm_cuda_graph %s: %d decodes of up to %d rows, %d moves, at most %g from the plain VAE alone",
+			mode, c.decodes.Load(), c.rows.Load(), c.moves.Load(), worst)
+	}
+}
+
+// engine.vocoder_batches takes only [] for voxcpm.
+func TestTinyVocoderBatchesOption(t *testing.T) {
+	path := tinyPath()
+	if _, err := os.Stat(path); err != nil {
+		tinyEngine(t, 1)
+	}
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib,
+		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true}})
+	if err == nil {
+		t.Fatal("vocoder_batches [1, 4] was accepted")
+	}
+}
