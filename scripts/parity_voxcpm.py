@@ -4,6 +4,7 @@ and end to end, with random weights.
 
     usage: scripts/parity_voxcpm.py --reference .ref --work DIR --report OUT.json
                                     [--full|--tiny] [--device cpu|cuda] [--no-ort] [--reuse]
+                                    [--dtype float32|float16] [--factor 2]
 
 --reference is a copy of VoxCPM's `src/voxcpm` package (scripts/fetch_voxcpm_reference.sh puts
 one in the git-ignored .ref/); scripts/voxcpm_reference.py imports it. Needs torch >= 2, numpy,
@@ -35,6 +36,29 @@ pydantic.
    an uncached forward of both LMs over the same sequence (teacher-forced patches).
 4. Writes the report (every difference and its tolerance) and exits 1 if one is over.
 
+--dtype float16 exports float16 instead (WORK/export-float16, --device cuda: the GPU export) and,
+float16 being no float32 parity, measures its error against the reference's own in reduced
+precision, all against the float32 reference on the same inputs and noise:
+  (a) the reference's modules in bfloat16 (the model's own dtype) on --device;
+  (b) the same in float16;
+  (d) the float32 reference with every Linear's output rounded to float16: float16 storage with
+      float32 arithmetic, the export's intent. The reference in float16 also runs the flow
+      solve's state and time, its time embeddings and the FSQ's tanh and rounding in float16,
+      which the export keeps in float32, so (b) can be well above (d) on the DiT's path;
+  (c) ours: the float16 graphs in ONNX Runtime's CPU provider. It has float16 GroupQueryAttention;
+      float16 nodes without a float16 CPU kernel run in float32 between Casts (and Cast pairs
+      between two such nodes are dropped), so this is the graphs' float16 tensors, not CUDA's
+      float16 arithmetic.
+Each as max abs, relative (over the largest reference value), RMS, relative RMS and cosine, for:
+prefill mu and stop logits; the batch's steps teacher-forced (each step fed the float32 run's mu,
+previous patch and noise, so a step's error is its own); end to end (free-running) mu, stop
+logits, latents and audio, with the RMS error by patch. Ours passes a quantity when its RMS error
+is at most --factor (default 2) times (b)'s (floored at float16's rounding of the quantity);
+quantities of fewer than 16 values are reported, not judged. A NaN or Inf fails. Also printed:
+the largest |value| in the float32 reference's residual streams, Linear outputs and MLP products
+by module, against float16's 65504. The float32 checks of the reference side and the (float32)
+VAE graphs stay.
+
 Rounding in the scalar quantizer (FSQ: round(9 * tanh(x)) / 9 after the base LM) turns a 1e-6
 difference into a whole quantization step where a value lies on a rounding boundary. The inputs
 (noise, prompt audio) are therefore drawn again, on the reference alone, until every value that
@@ -44,6 +68,7 @@ from a boundary; the margins and the number of draws are in the report.
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -245,6 +270,7 @@ class Reference:
         self.timesteps, self.cfg_value = timesteps, cfg_value
         self.P, self.D = m.patch_size, m.feat_dim
         self.patch_len = m.patch_size * m.chunk_size
+        self.dtype = m.base_lm.embed_tokens.weight.dtype     # the LMs', LocEnc's and DiT's (the VAE is float32)
 
     def prompt_cache(self, text, audio):
         """build_prompt_cache(text, clip) with the clip handed over in place of a file."""
@@ -290,13 +316,14 @@ class Reference:
         ids = self.ids(target, cache)
         k = 0 if cache is None else cache["audio_feat"].shape[0]
         T = len(ids)
+        dt = self.dtype
         with torch.inference_mode():
-            feats = torch.zeros(1, T + n - 1, self.P, self.D)
+            feats = torch.zeros(1, T + n - 1, self.P, self.D, dtype=dt)
             if k:
                 feats[0, T - k:T] = cache["audio_feat"].float()
             feats[0, T:] = torch.from_numpy(latents[:n - 1])
             tokens = torch.tensor([ids + [0] * (n - 1)], device=m.device)
-            amask = torch.zeros(1, T + n - 1, 1, device=m.device)
+            amask = torch.zeros(1, T + n - 1, 1, device=m.device, dtype=dt)
             amask[0, T - k:] = 1
             tmask = 1 - amask
             feats = feats.to(m.device)
@@ -310,6 +337,23 @@ class Reference:
             mu = m.lm_to_dit_proj(lm_h) + m.res_to_dit_proj(res_h)
             stop = m.stop_head(m.stop_actn(m.stop_proj(lm_h)))
         return mu.float().cpu().numpy(), stop.float().cpu().numpy()
+
+    def teacher_forced(self, target, cache, run, n):
+        """The first n steps of a finished (float32) run, each from that run's own inputs rather than
+        this model's: patch i from the run's mu_i, previous patch and noise (one batched
+        feat_decoder call), next mu and stop logits from an uncached forward over the run's patches.
+        Returns {patch [n, P, D], next_mu [n, H], next_stop [n, 2]}."""
+        torch, m = self.torch, self.m
+        c0 = torch.zeros(self.P, self.D) if cache is None else cache["audio_feat"][-1].float()
+        cond = torch.stack([c0] + [torch.from_numpy(run["latents"][i]) for i in range(n - 1)])
+        self.noise.queue = [torch.from_numpy(np.ascontiguousarray(run["noise"][:n, 0])).to(m.device)]
+        with torch.inference_mode():
+            patch = m.feat_decoder(mu=torch.from_numpy(run["mu"][:n]).to(m.device, self.dtype), patch_size=self.P,
+                                   cond=cond.transpose(1, 2).contiguous().to(m.device, self.dtype),
+                                   n_timesteps=self.timesteps, cfg_value=self.cfg_value).transpose(1, 2)
+        self.noise.queue = []
+        mu, stop = self.uncached(target, cache, run["latents"][:n + 1])
+        return {"patch": patch.float().cpu().numpy(), "next_mu": mu[1:], "next_stop": stop[1:]}
 
     def decode(self, latents):
         """audio_vae.decode of patches [n, P, D] at once."""
@@ -450,6 +494,278 @@ def graph_run(G, ids, n_text, prompt_patches, noises, cfg_value):
 
 
 # ---------------------------------------------------------------------------------------------
+# --dtype float16: our float16 graphs' error against the reference's own in reduced precision
+
+FP16_MAX = 65504.0
+# Below this share of a quantity's RMS a difference is float16's rounding of the quantity itself
+# (2^-11, its unit roundoff), so no yardstick is taken smaller.
+FP16_ROUNDOFF = 2.0 ** -11
+# A ratio of two RMS errors over fewer values than this is too noisy to judge (the two prefill
+# stop logits); such quantities are reported, not judged.
+MIN_JUDGED_VALUES = 16
+GROUPS = {"base_lm": "base LM", "residual_lm": "residual LM", "feat_encoder": "LocEnc", "feat_decoder": "DiT"}
+
+VARIANTS = [  # key, label: each against the reference in float32, the same inputs and noise
+    ("bf16", "(a) reference bfloat16"),
+    ("fp16", "(b) reference float16"),
+    ("f16io", "(d) reference float32, float16 storage"),
+    ("ours", "(c) ours float16"),
+]
+LETTER = {v: label[:3] for v, label in VARIANTS}
+
+
+def errors(got, want):
+    """max abs, relative (over max |want|), RMS, relative RMS (over RMS of want) and cosine of got
+    against want; metrics are None where got has a NaN or Inf (counted in nonfinite)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return {"shape": list(got.shape), "reference_shape": list(want.shape), "nonfinite": 0, "values": int(want.size)}
+    bad = int(got.size - np.isfinite(got).sum())
+    ref_max = float(np.abs(want).max()) if want.size else 0.0
+    ref_rms = float(np.sqrt((want ** 2).mean())) if want.size else 0.0
+    out = {"values": int(want.size), "nonfinite": bad, "reference_abs_max": ref_max, "reference_rms": ref_rms}
+    if bad:
+        return dict(out, max_abs=None, rel=None, rms=None, rel_rms=None, cosine=None)
+    d = got - want
+    mx = float(np.abs(d).max()) if d.size else 0.0
+    rms = float(np.sqrt((d ** 2).mean())) if d.size else 0.0
+    norm = float(np.linalg.norm(got) * np.linalg.norm(want))
+    return dict(out, max_abs=mx, rel=mx / max(ref_max, 1e-30), rms=rms, rel_rms=rms / max(ref_rms, 1e-30),
+                cosine=float((got * want).sum() / norm) if norm > 0 else None)
+
+
+def per_step_rms(got, want):
+    """RMS error at each index of the first axis (patches, steps), rows pooled when 3-D+."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape or not np.isfinite(got).all():
+        return None
+    d = (got - want).reshape(got.shape[0], -1) if got.ndim > 1 else (got - want)[:, None]
+    return [float(x) for x in np.sqrt((d ** 2).mean(axis=1))]
+
+
+class Magnitudes:
+    """While on: the largest |value| per module of the inputs of every RMSNorm (the residual
+    streams, the largest values these networks keep), the outputs of every Linear and the inputs
+    of the MLPs' down projections (SiLU(gate) * up), to read against float16's 65504. Running
+    maxima stay on the device (no synchronization per call)."""
+
+    def __init__(self, torch, m):
+        from voxcpm.modules.minicpm4.model import MiniCPMRMSNorm
+        self.torch, self.on, self.max, self.handles = torch, False, {}, []
+        for name, mod in m.named_modules():
+            if name.startswith("audio_vae"):
+                continue
+            if isinstance(mod, MiniCPMRMSNorm):
+                self.handles.append(mod.register_forward_hook(self._hook(name, "residual stream", True)))
+            elif isinstance(mod, torch.nn.Linear):
+                self.handles.append(mod.register_forward_hook(self._hook(name, "Linear output", False)))
+                if name.endswith("mlp.down_proj"):
+                    self.handles.append(mod.register_forward_hook(self._hook(name, "MLP product", True)))
+
+    def _hook(self, name, kind, use_input):
+        def hook(_mod, inp, out):
+            if self.on:
+                v = (inp[0] if use_input else out).detach().abs().amax().float()
+                cur = self.max.get((name, kind))
+                self.max[(name, kind)] = v if cur is None else self.torch.maximum(cur, v)    # NaN propagates
+        return hook
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+    def summary(self):
+        """{group: {kind: {max, module}}} and the overall largest."""
+        out, top = {}, {"max": 0.0, "module": None}
+        for (name, kind), v in self.max.items():
+            v = float(v)
+            g = out.setdefault(GROUPS.get(name.split(".")[0], "projections"), {})
+            if kind not in g or not g[kind]["max"] >= v:
+                g[kind] = {"max": v, "module": name}
+            if not top["max"] >= v:
+                top = {"max": v, "module": name, "kind": kind}
+        top["float16_headroom"] = FP16_MAX / top["max"] if top["max"] and np.isfinite(top["max"]) else None
+        return {"groups": out, "largest": top}
+
+
+@contextlib.contextmanager
+def float16_storage(torch, m):
+    """The float32 model with every Linear's output (outside the VAE) rounded to float16: float16
+    storage between the matrix products, float32 everywhere else, as the export intends; the
+    weights, saved in bfloat16, are already float16 values but for the tiniest."""
+    hs = [mod.register_forward_hook(lambda _m, _i, out: out.to(torch.float16).to(out.dtype))
+          for name, mod in m.named_modules() if isinstance(mod, torch.nn.Linear) and not name.startswith("audio_vae")]
+    try:
+        yield
+    finally:
+        for h in hs:
+            h.remove()
+
+
+def cpu_low_precision(torch):
+    """Test shim: torch 1.13's CPU lacks most float16 kernels (addmm, softmax, SiLU, ...); an op that
+    raises "not implemented for 'Half'" (or 'BFloat16') runs again in float32 with its result
+    rounded back, which is float16 storage with float32 arithmetic."""
+    from torch.overrides import TorchFunctionMode
+    low = (torch.float16, torch.bfloat16)
+
+    class Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            try:
+                return func(*args, **kwargs)
+            except RuntimeError as e:
+                if "not implemented for 'Half'" not in str(e) and "not implemented for 'BFloat16'" not in str(e):
+                    raise
+            seen = []
+
+            def up(x):
+                if isinstance(x, torch.Tensor) and x.dtype in low:
+                    seen.append(x.dtype)
+                    return x.float()
+                return type(x)(up(y) for y in x) if isinstance(x, (list, tuple)) else x
+
+            def down(y):
+                if isinstance(y, torch.Tensor) and y.dtype == torch.float32:
+                    return y.to(seen[0])
+                return type(y)(down(z) for z in y) if isinstance(y, (list, tuple)) else y
+            return down(func(*up(args), **{k: up(v) for k, v in kwargs.items()}))
+    return Mode()
+
+
+def variant_runs(torch, ref, runs, targets, caches, order, n_steps):
+    """One variant of the reference (its model's dtype, hooks on it) on the float32 runs' inputs:
+    free-running end to end (text, prompt) with the same noise, and the batch rows' steps
+    teacher-forced (Reference.teacher_forced)."""
+    out = {}
+    for key in ("text", "prompt"):
+        r = runs[key]
+        out[key] = ref.generate(targets[key], caches[key], len(r["noise"]), torch.from_numpy(r["noise"]))
+    out["tf"] = {key: ref.teacher_forced(targets[key], caches[key], runs[key], n_steps) for key in order}
+    return out
+
+
+def graph_teacher_forced(G, order, tok_ids, n_text, prompt_patches, runs, n_steps, cfg_value):
+    """The batch rows through the graphs (B = len(order), each row at its own position), every
+    step fed the float32 reference run's mu, previous patch and noise: each step's error is then
+    that step's alone (the cache holds the reference's patches too)."""
+    B = len(order)
+    cache = G.empty_cache(B)
+    cond0, pos = [], []
+    for b, key in enumerate(order):
+        tmask, feat, fmask = graph_inputs(tok_ids[key], n_text[key], prompt_patches[key], G.P, G.D)
+        _, _, c = G.prefill(tok_ids[key], tmask, feat, fmask)
+        for name in cache:
+            cache[name][b] = c[name][0]
+        cond0.append(feat[-1])
+        pos.append(len(tok_ids[key]))
+    out = {key: {"patch": [], "next_mu": [], "next_stop": []} for key in order}
+    for i in range(n_steps):
+        mu = np.stack([runs[k]["mu"][i] for k in order])
+        cond = np.stack([cond0[b] if i == 0 else runs[k]["latents"][i - 1] for b, k in enumerate(order)])
+        z = np.stack([runs[k]["noise"][i][0] for k in order])
+        patch, nmu, nstop, cache = G.step(mu, cond, z, cfg_value, pos, cache)
+        for b, key in enumerate(order):
+            out[key]["patch"].append(patch[b])
+            out[key]["next_mu"].append(nmu[b])
+            out[key]["next_stop"].append(nstop[b])
+        pos = [p + 1 for p in pos]
+    return {key: {q: np.stack(v) for q, v in d.items()} for key, d in out.items()}
+
+
+def precision_quantities(runs, got, order, n_steps):
+    """[(name, want, {variant: got}, per_step)] over every variant in got
+    ({variant: {text, prompt: e2e dict, tf: {row: teacher-forced dict}}})."""
+    qs = []
+    for key in ("text", "prompt"):
+        r = runs[key]
+        qs.append(("prefill mu (%s)" % key, r["mu"][0], {v: g[key]["mu"][0] for v, g in got.items()}, False))
+        qs.append(("prefill stop logits (%s)" % key, r["stop"][0], {v: g[key]["stop"][0] for v, g in got.items()}, False))
+    for q, src in (("patch", "latents"), ("next_mu", "mu"), ("next_stop", "stop")):
+        lo = 0 if q == "patch" else 1
+        want = np.stack([runs[k][src][lo:lo + n_steps] for k in order], axis=1)        # [steps, rows, ...]
+        qs.append(("step %s, teacher-forced (%d rows x %d steps)" % (q, len(order), n_steps), want,
+                   {v: np.stack([g["tf"][k][q] for k in order], axis=1) for v, g in got.items()}, True))
+    for key in ("text", "prompt"):
+        r = runs[key]
+        for q, label in (("mu", "mu, every patch"), ("stop", "stop logits, every patch"), ("latents", "latents"),
+                         ("audio", "audio")):
+            qs.append(("e2e %s (%s)" % (label, key), r[q], {v: g[key][q] for v, g in got.items()}, q != "audio"))
+    return qs
+
+
+def judge(name, want, got, factor, per_step):
+    """Errors of every variant; ours passes when its RMS error is at most factor times the
+    reference float16's (else bfloat16's, where float16's is not finite)."""
+    row = {v: errors(g, want) for v, g in got.items()}
+    if per_step:
+        row["rms_by_step"] = {v: per_step_rms(g, want) for v, g in got.items()}
+    yard = next((v for v in ("fp16", "bf16") if v in row and row[v].get("rms") is not None), None)
+    res = {"errors": row, "yardstick": yard}
+    c = row.get("ours")
+    if c is None:
+        res["verdict"] = "not run"
+        return res
+    if c.get("rms") is None:
+        res.update(verdict="FAIL", why="%d NaN/Inf of %d" % (c.get("nonfinite", 0), c["values"]) if c.get("nonfinite")
+                   else "shape %s, reference %s" % (c.get("shape"), c.get("reference_shape")))
+        return res
+    if yard is None:
+        res.update(verdict="FAIL", why="no finite reference float16 or bfloat16 run to judge against")
+        return res
+    allowed = factor * max(row[yard]["rms"], FP16_ROUNDOFF * c["reference_rms"])
+    res.update(ratio=c["rms"] / max(row[yard]["rms"], 1e-30), allowed_rms=allowed)
+    if "f16io" in row and row["f16io"].get("rms"):
+        res["ratio_to_float16_storage"] = c["rms"] / row["f16io"]["rms"]
+    if c["values"] < MIN_JUDGED_VALUES:
+        res["verdict"] = "info"
+    else:
+        res["verdict"] = "ok" if c["rms"] <= allowed else "FAIL"
+        if res["verdict"] == "FAIL":
+            res["why"] = "RMS error %.3g is %.2fx the reference %s's %.3g" % (
+                c["rms"], res["ratio"], "float16" if yard == "fp16" else "bfloat16", row[yard]["rms"])
+    return res
+
+
+def precision_table(results):
+    fmt = lambda x: "-" if x is None else "%.3g" % x      # noqa: E731
+    cos = lambda x: "-" if x is None else "%.6f" % x      # noqa: E731
+    rows = [("quantity / against the reference in float32", "max abs", "rel max", "rms", "rel rms", "cosine", "")]
+    for name, res in results.items():
+        rows.append((name, "", "", "", "", "", ""))
+        for v, label in VARIANTS:
+            e = res["errors"].get(v)
+            if e is None:
+                continue
+            note = ""
+            if v == "ours":
+                note = res["verdict"] if "ratio" not in res else "%.2fx %s: %s" % (
+                    res["ratio"], LETTER[res["yardstick"]], res["verdict"])
+                if "ratio_to_float16_storage" in res:
+                    note += " (%.2fx (d))" % res["ratio_to_float16_storage"]
+            if e.get("nonfinite"):
+                note = ("%d NaN/Inf; " % e["nonfinite"]) + note
+            rows.append(("  " + label, fmt(e.get("max_abs")), fmt(e.get("rel")), fmt(e.get("rms")), fmt(e.get("rel_rms")),
+                         cos(e.get("cosine")), note))
+    w = [max(len(r[i]) for r in rows) for i in range(7)]
+    return "\n".join("  ".join(c.ljust(w[i]) if i in (0, 6) else c.rjust(w[i]) for i, c in enumerate(r)).rstrip()
+                     for r in rows)
+
+
+def magnitude_lines(mag):
+    lines = ["largest |value| in the reference (float32, these runs), against float16's %g:" % FP16_MAX]
+    for g, kinds in mag["groups"].items():
+        lines.append("  %-12s %s" % (g, ", ".join("%s %.3g (%s)" % (k, v["max"], v["module"])
+                                                  for k, v in sorted(kinds.items()))))
+    top = mag["largest"]
+    if top["module"] is not None:
+        lines.append("  largest: %.4g at %s (%s); float16's range is %s" % (
+            top["max"], top["module"], top["kind"],
+            "%.3gx that" % top["float16_headroom"] if top["float16_headroom"] else "EXCEEDED or not finite"))
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -487,7 +803,13 @@ def main():
     size.add_argument("--full", dest="full", action="store_true", default=True, help="VoxCPM 1.5's sizes (default)")
     size.add_argument("--tiny", dest="full", action="store_false")
     ap.add_argument("--device", default="cpu", help="the reference's device (cpu, cuda)")
-    ap.add_argument("--export-device", default="cpu", help="export_voxcpm.py's --device")
+    ap.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                    help="the export's; float16 measures its error against the reference's own in bfloat16 and float16")
+    ap.add_argument("--factor", type=float, default=2.0,
+                    help="float16: ours passes where its RMS error is at most this times the reference float16's")
+    ap.add_argument("--export-device", help="export_voxcpm.py's --device (default cpu; cuda with --dtype float16)")
+    ap.add_argument("--export-checks", action="store_true",
+                    help="float16: keep export_voxcpm.py's own checks (float32 parity covers them; they cost a minute)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--patches", type=int, help="patches end to end (default: 8 full, 12 tiny)")
     ap.add_argument("--steps", type=int, help="batched steps (default 4)")
@@ -500,6 +822,9 @@ def main():
                     help="stand-ins for einops, transformers, safetensors and SDPA (CPU tests with torch 1.13 only)")
     a = ap.parse_args()
 
+    half = a.dtype == "float16"
+    if a.export_device is None:
+        a.export_device = "cuda" if half else "cpu"
     if a.test_shims:
         vref.install_test_shims()
     vref.install(a.reference)
@@ -516,13 +841,15 @@ def main():
     if n_steps + 1 > n_e2e:
         ap.error("--steps must be below --patches")
     model_dir = os.path.join(a.work, "model")
-    out_dir = os.path.join(a.work, "export")
+    out_dir = os.path.join(a.work, "export" if not half else "export-float16")
     os.makedirs(model_dir, exist_ok=True)
     timings = {}
     commit_file = os.path.join(a.reference, "VOXCPM_COMMIT")
     report = {"model": "VoxCPM 1.5 sizes" if a.full else "tiny", "torch": torch.__version__,
               "reference": vref.INFO.get("package"), "device": a.device,
               "reference_commit": open(commit_file).read().strip() if os.path.exists(commit_file) else None}
+    if half:
+        report.update({"dtype": "float16", "factor": a.factor})
 
     # 1. build and save
     saved = None
@@ -541,8 +868,11 @@ def main():
     # 2. export
     if not a.no_ort and not (a.reuse and os.path.exists(os.path.join(out_dir, "pipeline.yaml"))):
         t = time.time()
+        # float16: the exporter's checks are float32 PyTorch ones (what the float32 run covers) and a
+        # float16 ONNX Runtime one that only prints; skipping them keeps the full run short.
         rc = subprocess.run([sys.executable, os.path.join(HERE, "export_voxcpm.py"), model_dir, out_dir,
-                             "--dtype", "float32", "--device", a.export_device, "--max-positions", "256"]).returncode
+                             "--dtype", a.dtype, "--device", a.export_device, "--max-positions", "256"]
+                            + (["--no-check"] if half and not a.export_checks else [])).returncode
         timings["export"] = round(time.time() - t, 1)
         if rc != 0:
             report.update({"pass": False, "error": "export_voxcpm.py exited %d" % rc, "seconds": timings})
@@ -569,7 +899,10 @@ def main():
         import onnxruntime
         report["onnxruntime"] = onnxruntime.__version__
         t = time.time()
-        G = Graphs(out_dir, a.threads)
+        try:
+            G = Graphs(out_dir, a.threads)
+        except Exception as e:     # a float16 kernel the CPU provider lacks, say
+            fail_ort(report, a, timings, "opening the graphs", e)
         timings["sessions"] = round(time.time() - t, 1)
         gen = G.pipe.get("generation", {})
         timesteps, cfg_value = int(gen.get("timesteps", timesteps)), float(gen.get("cfg_value", cfg_value))
@@ -592,6 +925,9 @@ def main():
     def noises(seed, n):
         return torch.randn(n, 1, D, P, generator=torch.Generator().manual_seed(seed))
 
+    mag = Magnitudes(torch, m) if half else None
+    if mag:
+        mag.on = True
     t = time.time()
     runs = {}
     runs["text"] = draw(ref, torch, a.seed, a.fsq_margin, a.draws,
@@ -607,6 +943,9 @@ def main():
     runs["third"] = draw(ref, torch, a.seed + 13, a.fsq_margin, a.draws,
                          lambda s: dict(ref.generate(third, None, n_steps + 1, noises(s, n_steps + 1)), seed=s))
     timings["reference_runs"] = round(time.time() - t, 1)
+    if mag:
+        mag.on = False
+        mag.remove()
     report["fsq"] = {k: {"margin": r["fsq_margin"], "draws": r["draws"]} for k, r in runs.items()}
     log("reference runs done; FSQ margins %s" % {k: "%.2g (%d draws)" % (r["fsq_margin"], r["draws"]) for k, r in runs.items()})
 
@@ -632,13 +971,15 @@ def main():
         checks["vae_encoder latent"] = diff(got_enc, ref_enc, 1e-4)
         checks["vae_decoder patch by patch vs whole"] = diff(G.decode_stream(runs["text"]["latents"]), ref_dec, 1e-4)
 
-        # End to end, B = 1.
         tok_ids = {"text": ref.ids(target, None), "prompt": ref.ids(prompt_target, runs["prompt"]["cache"]),
                    "third": ref.ids(third, None)}
         n_text = {"text": len(tok_ids["text"]), "third": len(tok_ids["third"]),
                   "prompt": len(tok_ids["prompt"]) - prompt_latents.shape[0]}
         prompt_patches = {"text": None, "third": None, "prompt": got_enc.reshape(-1, P, D)}
         report["sequence_lengths"] = {k: len(v) for k, v in tok_ids.items()}
+
+    if G is not None and not half:
+        # End to end, B = 1.
         for key in ("text", "prompt"):
             r = runs[key]
             mus, stops, patches = graph_run(G, tok_ids[key], n_text[key], prompt_patches[key], r["noise"], cfg_value)
@@ -691,17 +1032,109 @@ def main():
             checks["batched steps %s (%d rows x %d steps)" % (q, B, n_steps)] = d
         timings["graphs_batch"] = round(time.time() - t, 1)
 
+    precision, lines = None, []
+    if half:
+        order = ["text", "prompt", "third"]
+        targets = {"text": target, "prompt": prompt_target, "third": third}
+        caches = {"text": None, "prompt": runs["prompt"]["cache"], "third": None}
+        # The teacher-forced steps' machinery on the float32 reference itself: it must give back
+        # its own run (a batched solve and an uncached forward, so within float32 noise).
+        tf = {k: ref.teacher_forced(targets[k], caches[k], runs[k], n_steps) for k in order}
+        for q, src, lo in (("patch", "latents", 0), ("next_mu", "mu", 1), ("next_stop", "stop", 1)):
+            checks["reference teacher-forced steps vs its run: %s" % q] = diff(
+                np.stack([tf[k][q] for k in order]), np.stack([runs[k][src][lo:lo + n_steps] for k in order]), 1e-4)
+        got = {}
+        t = time.time()
+        for v, dtype in (("bf16", "bfloat16"), ("fp16", "float16")):
+            log("the reference in %s on %s" % (dtype, a.device))
+            try:
+                m_lo = vref.load_model(model_dir, a.device, dtype=dtype, optimize=False)
+                with (cpu_low_precision(torch) if a.test_shims and a.device == "cpu" else contextlib.nullcontext()):
+                    got[v] = variant_runs(torch, Reference(torch, m_lo, timesteps, cfg_value), runs, targets, caches,
+                                          order, n_steps)
+            except Exception as e:
+                report.setdefault("errors", {})["reference " + dtype] = "%s: %s" % (type(e).__name__, e)
+                log("the reference in %s failed: %s: %s" % (dtype, type(e).__name__, e))
+            m_lo = None
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        with float16_storage(torch, m):
+            got["f16io"] = variant_runs(torch, ref, runs, targets, caches, order, n_steps)
+        timings["reference_variants"] = round(time.time() - t, 1)
+        if G is not None:
+            t = time.time()
+            try:
+                ours = {}
+                for key in ("text", "prompt"):
+                    r = runs[key]
+                    mus, stops, patches = graph_run(G, tok_ids[key], n_text[key], prompt_patches[key], r["noise"], cfg_value)
+                    prime = prompt_patches[key][-G.context_patches:] if prompt_patches[key] is not None else None
+                    ours[key] = {"mu": mus, "stop": stops, "latents": patches, "audio": G.decode_stream(patches, prime)}
+                ours["tf"] = graph_teacher_forced(G, order, tok_ids, n_text, prompt_patches, runs, n_steps, cfg_value)
+            except Exception as e:
+                fail_ort(report, a, timings, "running the graphs", e)
+            got["ours"] = ours
+            timings["graphs_float16"] = round(time.time() - t, 1)
+        precision = {name: judge(name, want, g, a.factor, per)
+                     for name, want, g, per in precision_quantities(runs, got, order, n_steps)}
+        report["precision"] = precision
+        report["magnitudes"] = mag.summary()
+        lines = [""] + magnitude_lines(report["magnitudes"])
+        for name in ("e2e latents (text)", "e2e latents (prompt)", "step patch, teacher-forced (3 rows x %d steps)" % n_steps):
+            steps = precision[name]["errors"].get("rms_by_step", {})
+            lines.append("%s, RMS error by %s: %s" % (name, "step" if "step" in name else "patch", "; ".join(
+                "%s %s" % (LETTER[v], " ".join("%.2g" % x for x in steps[v]) if steps.get(v) else "-")
+                for v, _ in VARIANTS if v in steps)))
+        bad = {k: r for k, r in precision.items() if r["verdict"] == "FAIL"}
+        # Without the reference's own float16 run there is no yardstick the verdict may rest on.
+        report["precision_pass"] = not bad and "ours" in got and "fp16" in got
+        yards = " or ".join(sorted({"float16" if r["yardstick"] == "fp16" else "bfloat16"
+                                    for r in precision.values() if r.get("yardstick")}, reverse=True))
+        if bad:
+            lines.append("FAIL (float16): ours is not within %gx of the reference's own %s error: %s" % (
+                a.factor, yards, "; ".join("%s: %s" % (k, r.get("why")) for k, r in bad.items())))
+        elif "ours" in got and "fp16" in got:
+            worst = max((r for r in precision.values() if r["verdict"] == "ok"), key=lambda r: r["ratio"], default=None)
+            lines.append("float16 verdict: ours within %gx of the reference's own %s error at every judged quantity"
+                         "%s; no NaN/Inf" % (a.factor, yards, "" if worst is None else " (worst %.2fx)" % worst["ratio"]))
+        elif "ours" in got:
+            lines.append("FAIL (float16): the reference did not run in float16, so ours is not judged")
+        else:
+            lines.append("float16: ours not run (--no-ort); the reference's own bfloat16 and float16 errors above")
+        if "errors" in report:
+            lines.append("float16: %s" % "; ".join("%s failed (%s)" % kv for kv in report["errors"].items()))
+
     report["checks"] = checks
-    report["pass"] = all(v.get("pass") for v in checks.values())
+    report["pass"] = (all(v.get("pass") for v in checks.values())
+                      and (precision is None or report["precision_pass"] or a.no_ort))
     timings["total"] = round(time.time() - T0, 1)
     report["seconds"] = timings
     with open(a.report, "w") as f:
         json.dump(report, f, indent=2)
     print(table(checks))
+    if precision is not None:
+        print()
+        print(precision_table(precision))
+        print("\n".join(lines))
     print("%s; %s; report %s (%.0f s)" % ("PASS" if report["pass"] else "FAIL", report["model"], a.report, timings["total"]))
     if a.no_ort:
         print("(--no-ort: the export and the graphs were not run)")
     sys.exit(0 if report["pass"] else 1)
+
+
+def fail_ort(report, a, timings, what, e):
+    """The graphs could not be opened or run (ONNX Runtime's CPU provider lacks a float16 kernel,
+    say): a report that says so, and exit 1."""
+    import onnxruntime
+    msg = "ONNX Runtime %s (CPU) failed %s: %s: %s" % (onnxruntime.__version__, what, type(e).__name__,
+                                                       str(e).splitlines()[0][:400] if str(e) else "")
+    timings["total"] = round(time.time() - T0, 1)
+    report.update({"pass": False, "error": msg, "seconds": timings})
+    with open(a.report, "w") as f:
+        json.dump(report, f, indent=2)
+    print("FAIL: %s (report %s)" % (msg, a.report))
+    sys.exit(1)
 
 
 if __name__ == "__main__":

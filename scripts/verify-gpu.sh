@@ -300,10 +300,14 @@ voxgpu() {
 
 # VoxCPM 1.5's export against OpenBMB/VoxCPM's own code at the real sizes, random weights
 # (scripts/parity_voxcpm.py; the reference copy $VOX_REF, default .ref; ONNX Runtime's Python
-# package on the CPU, the reference on GPU 0). The report goes to $LOGS/voxparity.json.
+# package on the CPU, the reference on GPU 0). DTYPE (default float32) is the export's: float16
+# exports on GPU 0 and measures its error against the reference's own in bfloat16 and float16.
+# The report goes to $LOGS/voxparity.json ($LOGS/voxparity-float16.json for float16).
 voxparity() {
+  local dtype=${DTYPE:-float32} report=$logs/voxparity.json
+  [ "$dtype" = float32 ] || report=$logs/voxparity-$dtype.json
   python3 "$repo/scripts/parity_voxcpm.py" --reference "${VOX_REF:-$repo/.ref}" --work "${VOXPARITY_WORK:-$logs/voxparity}" \
-    --full --device cuda --report "$logs/voxparity.json"
+    --full --device cuda --dtype "$dtype" --report "$report"
 }
 
 # Each stage of $BIG timed alone on GPU 0 (voxmux bench stages).
