@@ -36,7 +36,8 @@ patch by patch (and in odd pieces) equals one whole decode (max |diff| <= 1e-4),
 PrefillGraph and StepGraph, with GroupQueryAttention's computation written out in PyTorch,
 equal the reference's own way of computing (whole-sequence LMs without a cache, the DiT's
 concatenated sequence, the doubled guidance batch) for two requests, one with a voice prompt,
-batched at different positions. With onnxruntime importable it then runs the written graphs in
+prefilled alone and together (right-padded, one batch) and stepped batched at different
+positions. With onnxruntime importable it then runs the written graphs in
 its CPU provider against PyTorch (a difference over 1e-3 fails a float32 export; a float16 one's
 are printed). --no-check skips every check.
 
@@ -205,7 +206,8 @@ def _diff(a, b):
 
 def check_graphs(model, cfg, device, timesteps):
     """PrefillGraph and StepGraph (GroupQueryAttention computed in PyTorch, caches written in
-    place) against plain_prefill / plain_step, for two requests batched in one step."""
+    place) against plain_prefill / plain_step, for two requests prefilled alone and together
+    (right-padded in one batch: each row as alone) and batched in one step."""
     P, D, c = cfg.patch_size, cfg.feat_dim, cfg.lm
     M = 64
     g = torch.Generator().manual_seed(5)
@@ -228,7 +230,7 @@ def check_graphs(model, cfg, device, timesteps):
     def note(what, a, b):
         worst[what] = max(worst.get(what, 0.0), _diff(a, b))
 
-    plains, rows, lengths, conds, mus = [], [], [], [], []
+    plains, rows, lengths, conds, mus, stops = [], [], [], [], [], []
     with torch.no_grad():
         for text_ids, text_mask, feat, feat_mask in reqs:
             T = text_ids.shape[1]
@@ -243,6 +245,21 @@ def check_graphs(model, cfg, device, timesteps):
             lengths.append(T)
             conds.append(feat[:, -1])
             mus.append(out[0])
+            stops.append(out[1])
+        # Both prompts in one prefill, right-padded past the longer: each row as it was alone, its
+        # outputs at its own last position, its cache positions the same.
+        Tp = max(lengths) + 3
+        pad_t = lambda x: torch.nn.functional.pad(x, (0, 0) * (x.dim() - 2) + (0, Tp - x.shape[1]))   # noqa: E731
+        batch = [torch.cat([pad_t(r[i]) for r in reqs]) for i in range(4)]
+        both = [torch.cat([kv(c) for _ in range(2)]) for _ in range(nb)] + \
+               [torch.cat([kv(cfg.residual) for _ in range(2)]) for _ in range(nr)]
+        out = prefill(*batch, torch.tensor([L - 1 for L in lengths], dtype=torch.int32, device=device),
+                      torch.tensor(Tp, dtype=torch.int32), *both)
+        for r, L in enumerate(lengths):
+            note("batched prefill mu", out[0][r:r + 1], mus[r])
+            note("batched prefill stop_logits", out[1][r:r + 1], stops[r])
+            for a, b in zip(both, rows[r]):
+                note("batched prefill caches", a[r, :, :L], b[0, :, :L])
         # Both requests in one batch, each row at its own position.
         caches = [torch.cat([a, b]) for a, b in zip(*rows)]
         mu, cond = torch.cat(mus), torch.cat(conds)
@@ -258,7 +275,8 @@ def check_graphs(model, cfg, device, timesteps):
                 note("step next_mu", out[1][r:r + 1], nmu)
                 note("step next_stop_logits", out[2][r:r + 1], nstop)
             mu, cond = out[1], out[0]
-    log("  prefill and step graphs against the reference's computation (2 requests, 3 batched steps): max |diff| "
+    log("  prefill and step graphs against the reference's computation (2 requests prefilled alone and together, "
+        "3 batched steps): max |diff| "
         + ", ".join("%s %.2e" % kv_ for kv_ in worst.items()))
     bad = {k: v for k, v in worst.items() if v > 1e-3}
     if bad:
@@ -338,7 +356,7 @@ def export_lms(prefill, step, cfg, out, dtype, device):
     text_mask = torch.ones(B, T, device=device)
     text_mask[:, 5:] = 0
     args = (text_ids, text_mask, torch.zeros(B, T, P, D, device=device), 1.0 - text_mask,
-            torch.full((B,), T - 1, **i32), torch.tensor(T, dtype=torch.int32), *caches)
+            torch.tensor([T - 1, T - 3], **i32), torch.tensor(T, dtype=torch.int32), *caches)
     names_in = ["text_ids", "text_mask", "feat", "feat_mask", "seqlens_k", "total_sequence_length"] + past
     names_out = ["mu", "stop_logits"] + present
     axes.update({"text_ids": {0: "B", 1: "T"}, "text_mask": {0: "B", 1: "T"}, "feat": {0: "B", 1: "T"},

@@ -735,16 +735,20 @@ class GroupQueryAttentionNoRopeOp(torch.autograd.Function):
 EMULATE_GQA = True
 
 
-def gqa_torch(q, k, v, past_k, past_v, seqlens_k, cos, sin, heads, kv_heads):
+def gqa_torch(q, k, v, past_k, past_v, seqlens_k, total_len, cos, sin, heads, kv_heads):
     """What GroupQueryAttention computes with past and present sharing memory: row b's S new
     tokens sit at positions seqlens_k[b]+1-S .. seqlens_k[b], are rotated there, written into the
-    cache, and attend causally to positions 0 .. their own."""
+    cache, and attend causally to positions 0 .. their own. When total_len is S (a first prompt),
+    every row's tokens sit at positions 0 .. S-1 whatever its length: rows right-padded to S, each
+    token attending causally, so a row's tokens before its length see no padding (the padding's
+    own outputs and cache entries are not read)."""
     B, S, _ = q.shape
     d = past_k.shape[-1]
     G = heads // kv_heads
+    first = int(total_len) == S
     out = torch.empty_like(q)
     for b in range(B):
-        L = int(seqlens_k[b]) + 1
+        L = S if first else int(seqlens_k[b]) + 1
         start = L - S
         qb = q[b].reshape(S, heads, d).transpose(0, 1)
         kb = k[b].reshape(S, kv_heads, d).transpose(0, 1)
@@ -774,7 +778,7 @@ def shared_cache_forward(lm, h, seqlens_k, total_len, caches, rope):
         x = layer.input_layernorm(h)
         args = (a.q_proj(x), a.k_proj(x), a.v_proj(x), caches[2 * i], caches[2 * i + 1], seqlens_k)
         if EMULATE_GQA:
-            ctx, pk, pv = gqa_torch(*args, *(rope if rope else (None, None)), c.heads, c.kv_heads)
+            ctx, pk, pv = gqa_torch(*args, total_len, *(rope if rope else (None, None)), c.heads, c.kv_heads)
         elif rope:
             ctx, pk, pv = GroupQueryAttentionOp.apply(*args, total_len, rope[0], rope[1], c.heads, c.kv_heads)
         else:
@@ -826,7 +830,10 @@ class _SharedCacheGraph(nn.Module):
 
 class PrefillGraph(_SharedCacheGraph):
     """prefill.onnx: forward(text_ids, text_mask, feat, feat_mask, seqlens_k, total_sequence_length,
-    *caches) -> (mu, stop_logits, *presents), as VoxCPMModel._inference's prefill."""
+    *caches) -> (mu, stop_logits, *presents), as VoxCPMModel._inference's prefill, for a batch of
+    prompts right-padded to T (total_sequence_length T: GroupQueryAttention's first prompts, each
+    row of its own length seqlens_k[b] + 1). Each row's outputs are taken at its own last
+    position."""
 
     def forward(self, text_ids, text_mask, feat, feat_mask, seqlens_k, total_len, *caches):
         m, dt_ = self.m, self.dtype
@@ -842,7 +849,8 @@ class PrefillGraph(_SharedCacheGraph):
             return enc, enc + fm * feat_embed
 
         enc, res, presents = self.lms(combined, after_base, seqlens_k, total_len, caches)
-        lm_hidden, res_hidden = enc[:, -1], res[:, -1]
+        last = seqlens_k.long().reshape(-1, 1, 1).expand(-1, 1, enc.shape[-1])
+        lm_hidden, res_hidden = enc.gather(1, last)[:, 0], res.gather(1, last)[:, 0]
         return (m.mu_of(lm_hidden, res_hidden).float(), m.stop_of(lm_hidden).float(), *presents)
 
 

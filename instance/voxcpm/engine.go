@@ -1,9 +1,11 @@
 package voxcpm
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,9 +15,27 @@ import (
 	"github.com/voxmux/voxmux/tts"
 )
 
-// joinsPerStep bounds the prefills between two steps: a burst of arrivals joins over several
-// steps instead of holding every running stream for all of their prefills at once.
-const joinsPerStep = 4
+// Prefills run in groups: the requests waiting when a step ends that fit in the slots, sorted by
+// prompt length, at most prefillGroup to a run, all of them before the next step. A group of n
+// runs as prefillRows(n) rows (placeholders past n), so that prefills take few shapes, every one
+// of which up to 256 positions runs once at load (warmPrefill). Prefill runs cost a GPU about the
+// same at any batch (47-70 ms per request alone, H200): a burst of arrivals joined one at a time
+// held every running stream for each.
+const (
+	prefillGroup = 8
+	// prefillSpare slots past max_inflight hold a group's placeholder rows: a group of n of the
+	// free slots runs prefillRows(n) ≤ n+3 rows.
+	prefillSpare = 3
+)
+
+// prefillRows is the rows a prefill of n prompts runs: n rounded up to a power of two.
+func prefillRows(n int) int {
+	r := 1
+	for r < n {
+		r *= 2
+	}
+	return r
+}
 
 // The engine's stages, in StageStats' names.
 const (
@@ -29,8 +49,8 @@ var stageNames = []string{"prefill", "step", "vae"}
 var errShutDown = errors.New("engine is shut down")
 
 // Engine serves one export on one device. Requests queue for the scheduler goroutine (loop),
-// which owns the runner: it prefills arrivals into free slots, then steps every running stream
-// by one patch in one step run and one VAE decoder run, and hands each stream its audio.
+// which owns the runner: it prefills arrivals into free slots in groups, then steps every running
+// stream by one patch in one step run and one VAE decoder run, and hands each stream its audio.
 type Engine struct {
 	m     *Manifest
 	tok   tokenizer
@@ -214,8 +234,10 @@ func (e *Engine) requestVoice(req tts.Request) (*voice, error) {
 
 // scheduler is the loop's state: the slots and the requests waiting for one.
 type scheduler struct {
-	e       *Engine
-	rows    []*row // by slot; nil where free
+	e *Engine
+	// rows are by slot (max_inflight and prefillSpare more); nil where free. At most max_inflight
+	// are live.
+	rows    []*row
 	live    int
 	waiting []*request
 }
@@ -223,7 +245,7 @@ type scheduler struct {
 // loop is the scheduler goroutine: the only one that runs the graphs.
 func (e *Engine) loop() {
 	defer e.wg.Done()
-	s := &scheduler{e: e, rows: make([]*row, e.slots)}
+	s := &scheduler{e: e, rows: make([]*row, e.slots+prefillSpare)}
 	ready := e.queue.Ready()
 	for {
 		arrived, ok := e.queue.TryPopAll()
@@ -237,7 +259,10 @@ func (e *Engine) loop() {
 			<-ready
 			continue
 		}
-		s.join()
+		if err := s.join(); err != nil {
+			s.failAll(err)
+			continue
+		}
 		if err := s.compact(); err != nil {
 			s.failAll(err)
 			continue
@@ -295,22 +320,92 @@ func (s *scheduler) dropCancelled() {
 	s.waiting = kept
 }
 
-// join prefills up to joinsPerStep waiting requests, in arrival order, into the lowest free slots.
-func (s *scheduler) join() {
-	e, m := s.e, s.e.m
-	for k := 0; k < joinsPerStep && len(s.waiting) > 0; k++ {
-		b := s.lowestFree()
-		if b < 0 {
-			return
+// join prefills the waiting requests that fit in the slots, the earliest arrivals first, in
+// groups (prefillGroup), each into adjacent free slots. Its error is the caches'; a failed
+// prefill fails its group's requests alone.
+func (s *scheduler) join() error {
+	n := min(len(s.waiting), s.e.slots-s.live)
+	if n <= 0 {
+		return nil
+	}
+	reqs := slices.Clone(s.waiting[:n])
+	clear(s.waiting[:n])
+	s.waiting = s.waiting[n:]
+	// Prompts of like lengths share a run, which pads each to the longest.
+	slices.SortStableFunc(reqs, func(a, b *request) int { return cmp.Compare(a.p.length(), b.p.length()) })
+	for len(reqs) > 0 {
+		k := min(len(reqs), prefillGroup)
+		rows := prefillRows(k)
+		from := s.freeRun(rows)
+		if from < 0 {
+			// After compaction the slots above the streams are free, and there are enough of them:
+			// k ≤ max_inflight - live, rows ≤ k + prefillSpare.
+			if err := s.compact(); err != nil {
+				for _, r := range reqs {
+					r.finish(err)
+				}
+				return err
+			}
+			if from = s.freeRun(rows); from < 0 {
+				return fmt.Errorf("no %d adjacent free slots for a prefill of %d requests beside %d streams", rows, k, s.live)
+			}
 		}
-		r := s.waiting[0]
-		s.waiting[0] = nil
-		s.waiting = s.waiting[1:]
-		t0 := time.Now()
+		s.prefill(from, reqs[:k], rows)
+		reqs = reqs[k:]
+	}
+	return nil
+}
+
+// freeRun is the lowest of n adjacent free slots, or -1.
+func (s *scheduler) freeRun(n int) int {
+	run := 0
+	for b, r := range s.rows {
+		if r != nil {
+			run = 0
+			continue
+		}
+		if run++; run == n {
+			return b + 1 - n
+		}
+	}
+	return -1
+}
+
+// prefill runs reqs' prompts into slots [from, from+len(reqs)) in one run of rows rows (the slots
+// up to from+rows free), primes their VAE states and makes them rows of the steps.
+func (s *scheduler) prefill(from int, reqs []*request, rows int) {
+	e, m := s.e, s.e.m
+	t0 := time.Now()
+	ps := make([]*prompt, len(reqs))
+	for i, r := range reqs {
 		e.stats.Waited(stagePrefill, t0, r.arrived)
-		mu, stop, err := s.prefill(b, r)
-		e.stats.Count(stagePrefill, 1, t0)
-		if err != nil {
+		ps[i] = r.p
+	}
+	defer func() { e.stats.Count(stagePrefill, len(reqs), t0) }()
+	fail := func(err error) {
+		for _, r := range reqs {
+			r.finish(err)
+		}
+	}
+	if err := e.run.reserve(from + rows); err != nil {
+		fail(err)
+		return
+	}
+	out, err := e.run.prefill(from, ps, rows)
+	if err == nil && len(out) != len(reqs) {
+		err = fmt.Errorf("prefill: %d results for %d prompts", len(out), len(reqs))
+	}
+	if err != nil {
+		fail(err)
+		return
+	}
+	for i, r := range reqs {
+		b := from + i
+		if len(out[i].mu) != m.DiTHidden {
+			r.finish(fmt.Errorf("prefill: mu has %d values, want dit_hidden = %d", len(out[i].mu), m.DiTHidden))
+			continue
+		}
+		if err := e.run.prime(b, r.context(m)); err != nil {
 			r.finish(err)
 			continue
 		}
@@ -318,26 +413,10 @@ func (s *scheduler) join() {
 		if v := r.p.voice; v != nil {
 			copy(cond, v.latents[(v.patches-1)*m.patchFloats():])
 		}
-		s.rows[b] = &row{r: r, slot: b, pos: r.p.length(), mu: mu, stop: stop, cond: cond}
+		s.rows[b] = &row{r: r, slot: b, pos: r.p.length(), mu: slices.Clone(out[i].mu), stop: out[i].stop, cond: cond}
 		s.live++
 		e.used.Add(1)
 	}
-}
-
-// prefill runs r's prompt into slot b and primes its VAE state.
-func (s *scheduler) prefill(b int, r *request) ([]float32, [2]float32, error) {
-	run := s.e.run
-	if err := run.reserve(b + 1); err != nil {
-		return nil, [2]float32{}, err
-	}
-	mu, stop, err := run.prefill(b, r.p)
-	if err != nil {
-		return nil, stop, err
-	}
-	if len(mu) != s.e.m.DiTHidden {
-		return nil, stop, fmt.Errorf("prefill: mu has %d values, want dit_hidden = %d", len(mu), s.e.m.DiTHidden)
-	}
-	return mu, stop, run.prime(b, r.context(s.e.m))
 }
 
 func (s *scheduler) lowestFree() int {

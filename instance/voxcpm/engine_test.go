@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,7 +18,7 @@ import (
 // fakeEngine is an engine over a fakeRunner with slots slots.
 func fakeEngine(t *testing.T, m *Manifest, slots int) (*Engine, *fakeRunner) {
 	t.Helper()
-	f := newFakeRunner(m, slots)
+	f := newFakeRunner(m, slots+prefillSpare)
 	e := newEngine(m, byteTokenizer{}, f, slots)
 	t.Cleanup(func() { e.Close() })
 	return e, f
@@ -214,11 +216,12 @@ func TestEngineBatchedEqualsAlone(t *testing.T) {
 	}
 }
 
-// A burst of arrivals joins a few at a time, a step between, so running streams keep going.
-func TestEngineJoinsAFewPerStep(t *testing.T) {
+// A burst of arrivals joins before the next step, in groups of at most prefillGroup prompts of
+// like lengths, each run as a power of two rows, and each request gives the audio it gives alone.
+func TestEngineJoinsInGroups(t *testing.T) {
 	m := fakeManifest()
 	e, f := fakeEngine(t, m, 16)
-	f.stepDelay = 5 * time.Millisecond
+	f.stepDelay = 20 * time.Millisecond
 	first := make(chan struct{})
 	var once sync.Once
 	go e.Synthesize(context.Background(), tts.Request{Text: texts[1]}, func(tts.Chunk) error {
@@ -226,25 +229,50 @@ func TestEngineJoinsAFewPerStep(t *testing.T) {
 		return nil
 	})
 	<-first
-	var wg sync.WaitGroup
+	var reqs []tts.Request
 	for i := range 12 {
+		reqs = append(reqs, tts.Request{Text: texts[i%len(texts)] + strings.Repeat("?", i), Seed: uint64(i)})
+	}
+	want := aloneResults(t, m, reqs)
+	got := make([]result, len(reqs))
+	var wg sync.WaitGroup
+	for i, req := range reqs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			run(t, e, tts.Request{Text: texts[1], Seed: uint64(i)})
+			got[i] = run(t, e, req)
 		}()
 	}
 	wg.Wait()
-	prefills := 0
+	for i := range reqs {
+		if got[i].err != nil || maxDiff(got[i].pcm(), want[i].pcm()) != 0 {
+			t.Fatalf("request %d: %v, audio %g from alone", i, got[i].err, maxDiff(got[i].pcm(), want[i].pcm()))
+		}
+	}
+	joined, most, groups := 0, 0, 0
 	for _, c := range f.callLog() {
 		switch {
 		case strings.HasPrefix(c, "prefill"):
-			if prefills++; prefills > joinsPerStep {
-				t.Fatalf("%d prefills between two steps, want at most %d", prefills, joinsPerStep)
+			var from, rows int
+			if _, err := fmt.Sscanf(c, "prefill %d %d", &from, &rows); err != nil {
+				t.Fatalf("%q: %v", c, err)
 			}
+			ls := strings.Fields(strings.Trim(c[strings.Index(c, "["):], "[]"))
+			if len(ls) > prefillGroup || rows != prefillRows(len(ls)) {
+				t.Fatalf("%q: %d prompts in %d rows, want at most %d in a power of two rows", c, len(ls), rows, prefillGroup)
+			}
+			if !slices.IsSortedFunc(ls, func(a, b string) int { x, _ := strconv.Atoi(a); y, _ := strconv.Atoi(b); return x - y }) {
+				t.Fatalf("%q: a group's prompts are not sorted by length", c)
+			}
+			joined += len(ls)
+			groups++
+			most = max(most, joined)
 		case strings.HasPrefix(c, "step"):
-			prefills = 0
+			joined = 0
 		}
+	}
+	if most <= prefillGroup || groups >= len(reqs) {
+		t.Fatalf("at most %d requests joined between two steps in %d prefills: the burst did not join in groups at once", most, groups)
 	}
 }
 
@@ -395,7 +423,7 @@ func TestVoicePrompt(t *testing.T) {
 // Close fails what runs and frees the runner.
 func TestEngineClose(t *testing.T) {
 	m := fakeManifest()
-	f := newFakeRunner(m, 2)
+	f := newFakeRunner(m, 2+prefillSpare)
 	f.stepDelay = 5 * time.Millisecond
 	e := newEngine(m, byteTokenizer{}, f, 2)
 	started := make(chan struct{})

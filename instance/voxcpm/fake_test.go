@@ -78,18 +78,32 @@ func sum(xs []float32) float64 {
 	return s
 }
 
-func (f *fakeRunner) prefill(s int, p *prompt) ([]float32, [2]float32, error) {
-	f.log("prefill %d", s)
-	if s >= len(f.kv) {
-		return nil, [2]float32{}, fmt.Errorf("fake: prefill into slot %d of %d", s, len(f.kv))
+func (f *fakeRunner) prefill(from int, ps []*prompt, rows int) ([]prefilled, error) {
+	lengths := make([]int, len(ps))
+	for i, p := range ps {
+		lengths[i] = p.length()
 	}
-	ids, textMask, feat, featMask := f.m.prefillInputs(p)
+	f.log("prefill %d %d %v", from, rows, lengths)
+	if from+rows > len(f.kv) || rows < len(ps) {
+		return nil, fmt.Errorf("fake: prefill of %d prompts in %d rows into slots from %d of %d", len(ps), rows, from, len(f.kv))
+	}
 	PD := f.m.patchFloats()
-	for t := range ids {
-		f.kv[s][t] = float32(float64(ids[t])*0.01*float64(textMask[t]) + sum(feat[t*PD:(t+1)*PD])*0.1*float64(featMask[t]) + 0.001*float64(t))
+	out := make([]prefilled, len(ps))
+	for i, p := range ps {
+		s := from + i
+		ids, textMask, feat, featMask := f.m.prefillInputs(p)
+		for t := range ids {
+			f.kv[s][t] = float32(float64(ids[t])*0.01*float64(textMask[t]) + sum(feat[t*PD:(t+1)*PD])*0.1*float64(featMask[t]) + 0.001*float64(t))
+		}
+		out[i].mu, out[i].stop = f.muStop(s, len(ids))
 	}
-	mu, stop := f.muStop(s, len(ids))
-	return mu, stop, nil
+	// Placeholder rows write into their slots, as the graph's do: a stream there would read it.
+	for s := from + len(ps); s < from+rows; s++ {
+		for j := range f.kv[s] {
+			f.kv[s][j] = float32(math.NaN())
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeRunner) prime(s int, context []float32) error {

@@ -12,8 +12,11 @@ import (
 type runner interface {
 	// reserve makes room for slots [0, n).
 	reserve(n int) error
-	// prefill runs prompt p into slot s (B = 1) and returns patch 0's mu and stop logits.
-	prefill(s int, p *prompt) (mu []float32, stop [2]float32, err error)
+	// prefill runs prompts ps into slots [from, from+len(ps)) in one run of rows rows (at least
+	// len(ps)), right-padded, and returns each one's patch 0 mu and stop logits. The rows past
+	// len(ps) are placeholders, which write into slots [from+len(ps), from+rows): those must be
+	// free.
+	prefill(from int, ps []*prompt, rows int) ([]prefilled, error)
 	// prime sets slot s's VAE state: zeros, or (context: whole patches) the state after decoding
 	// context, its audio dropped.
 	prime(s int, context []float32) error
@@ -25,6 +28,12 @@ type runner interface {
 	// move moves streams down into free slots.
 	move(moves []slotMove) error
 	close() error
+}
+
+// prefilled is a prompt's prefill: patch 0's condition and stop logits.
+type prefilled struct {
+	mu   []float32 // [dit_hidden]
+	stop [2]float32
 }
 
 // stepIn is one step's inputs for slots [0, n): free slots have zeros and length 0.
@@ -64,8 +73,10 @@ type graphs struct {
 var _ runner = (*graphs)(nil)
 
 // openGraphs opens the prefill, step and VAE decoder graphs on rt's device, with caches for at
-// most slots streams; mode is the step's (stepGraphMode); plainVAE runs every VAE decode in its
-// own shape rather than the step's buckets'.
+// most slots streams (and prefillSpare slots more, for prefills' placeholder rows); mode is the
+// step's (stepGraphMode); plainVAE runs every VAE decode in its own shape rather than the step's
+// buckets'. It runs every prefill shape a scheduler of slots streams makes up to 256 positions
+// once (warmPrefill).
 func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE bool) (_ *graphs, err error) {
 	g := &graphs{m: m}
 	g.past, g.present = m.cacheNames()
@@ -88,7 +99,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 		return nil, err
 	}
 	buckets := stepBuckets(slots)
-	rows := buckets[len(buckets)-1]
+	rows := max(buckets[len(buckets)-1], slots+prefillSpare)
 	if g.v, err = openVAE(m, rt, rows, buckets, plainVAE, mode == graphOn); err != nil {
 		return nil, err
 	}
@@ -96,8 +107,10 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 		if g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", false); err != nil {
 			return nil, err
 		}
-		g.c, err = newCaches(m, g.stepS, slots, false)
-		return g, err
+		if g.c, err = newCaches(m, g.stepS, rows, false); err != nil {
+			return nil, err
+		}
+		return g, g.warmPrefillOn(rt, slots)
 	}
 	g.sg = &stepGraphs{thread: ort.NewThread()}
 	err = g.sg.thread.Do(func() (err error) {
@@ -113,7 +126,40 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 	if err := g.openStepGraphs(buckets); err != nil {
 		return nil, fmt.Errorf("graphs.step (lm_cuda_graph %s): %w", mode, err)
 	}
-	return g, nil
+	return g, g.warmPrefillOn(rt, slots)
+}
+
+// warmPrefillOn warms the prefill shapes on a GPU. The CPU has no comparable cost of a first run
+// to save, and a full-size export's prefills there take seconds each (the tiny export's 64 shapes
+// took 0.9 s on two cores).
+func (g *graphs) warmPrefillOn(rt *ort.Runtime, slots int) error {
+	if !rt.CUDA() {
+		return nil
+	}
+	return g.warmPrefill(slots)
+}
+
+// warmPrefillPositions bounds the prefill lengths warmed at load.
+const warmPrefillPositions = 256
+
+// warmPrefill runs a prefill of every shape the scheduler of slots streams makes up to
+// warmPrefillPositions positions (a power of two rows up to prefillGroup, whole prefillSteps)
+// once, so that requests do not pay ONNX Runtime's cost of a shape's first run (on an H100, 40-60
+// ms more for the staged family's LM prefills). No stream is in the caches yet.
+func (g *graphs) warmPrefill(slots int) error {
+	most := prefillRows(min(prefillGroup, slots))
+	for B := 1; B <= most; B *= 2 {
+		if err := g.c.reserve(B); err != nil {
+			return fmt.Errorf("prefill warm-up: %w", err)
+		}
+		for T := prefillStep; T <= min(warmPrefillPositions, g.m.LM.MaxPositions); T += prefillStep {
+			ids, textMask, feat, featMask, seqlens := g.m.prefillBatch(nil, B, T)
+			if _, _, err := g.runPrefill(0, B, T, ids, textMask, feat, featMask, seqlens); err != nil {
+				return fmt.Errorf("prefill warm-up, %d rows of %d positions: %w", B, T, err)
+			}
+		}
+	}
+	return nil
 }
 
 func (g *graphs) reserve(n int) error { return g.c.reserve(n) }
@@ -158,43 +204,69 @@ func (g *graphs) bindCache(in map[string]*iobind.Tensor, outs []iobind.Output, c
 	return outs
 }
 
-func (g *graphs) prefill(s int, p *prompt) ([]float32, [2]float32, error) {
-	var stop [2]float32
+func (g *graphs) prefill(from int, ps []*prompt, rows int) ([]prefilled, error) {
 	m := g.m
-	T := p.length()
-	ids, textMask, feat, featMask := m.prefillInputs(p)
-	cache, err := g.c.views(s, 1)
+	n := 0
+	for _, p := range ps {
+		n = max(n, p.length())
+	}
+	if len(ps) == 0 || rows < len(ps) || n > m.LM.MaxPositions {
+		return nil, fmt.Errorf("prefill: %d prompts of up to %d positions in %d rows (lm.max_positions %d)", len(ps), n, rows, m.LM.MaxPositions)
+	}
+	T := m.prefillLength(n)
+	if err := g.c.reserve(from + rows); err != nil {
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
+	ids, textMask, feat, featMask, seqlens := m.prefillBatch(ps, rows, T)
+	mu, stop, err := g.runPrefill(from, rows, T, ids, textMask, feat, featMask, seqlens)
 	if err != nil {
-		return nil, stop, fmt.Errorf("prefill: %w", err)
+		return nil, err
+	}
+	H := m.DiTHidden
+	out := make([]prefilled, len(ps))
+	for b := range out {
+		out[b].mu = mu[b*H : (b+1)*H : (b+1)*H]
+		copy(out[b].stop[:], stop[2*b:])
+	}
+	return out, nil
+}
+
+// runPrefill runs the prefill graph over slots [from, from+B), B rows of T positions, and returns
+// mu [B][dit_hidden] and the stop logits [B][2]. total_sequence_length is T: GroupQueryAttention
+// then reads the rows as first prompts, each of its own length seqlens_k[b] + 1, right-padded (it
+// refuses a batch of several tokens per row otherwise).
+func (g *graphs) runPrefill(from, B, T int, ids []int64, textMask, feat, featMask []float32, seqlens []int32) (mu, stop []float32, err error) {
+	m := g.m
+	cache, err := g.c.views(from, B)
+	if err != nil {
+		return nil, nil, fmt.Errorf("prefill: %w", err)
 	}
 	var held []*iobind.Tensor
 	defer func() { release(held); release(cache) }()
 	in := map[string]*iobind.Tensor{}
+	b, t := int64(B), int64(T)
 	err = hostTensors(in, &held,
-		hostInput{"text_ids", []int64{1, int64(T)}, ids},
-		hostInput{"text_mask", []int64{1, int64(T)}, textMask},
-		hostInput{"feat", []int64{1, int64(T), int64(m.PatchSize), int64(m.FeatDim)}, feat},
-		hostInput{"feat_mask", []int64{1, int64(T)}, featMask},
-		hostInput{"seqlens_k", []int64{1}, []int32{int32(T - 1)}},
+		hostInput{"text_ids", []int64{b, t}, ids},
+		hostInput{"text_mask", []int64{b, t}, textMask},
+		hostInput{"feat", []int64{b, t, int64(m.PatchSize), int64(m.FeatDim)}, feat},
+		hostInput{"feat_mask", []int64{b, t}, featMask},
+		hostInput{"seqlens_k", []int64{b}, seqlens},
 		hostInput{"total_sequence_length", []int64{}, []int32{int32(T)}})
 	if err != nil {
-		return nil, stop, fmt.Errorf("prefill: %w", err)
+		return nil, nil, fmt.Errorf("prefill: %w", err)
 	}
 	outs := g.bindCache(in, []iobind.Output{{Name: "mu", Host: true}, {Name: "stop_logits", Host: true}}, cache)
 	res, err := g.prefillS.Run(in, outs)
 	if err != nil {
-		return nil, stop, fmt.Errorf("prefill: %w", err)
+		return nil, nil, fmt.Errorf("prefill: %w", err)
 	}
 	defer release(res)
-	mu, err := floats(res[0], m.DiTHidden, "prefill: mu")
-	if err != nil {
-		return nil, stop, err
+	if mu, err = floats(res[0], B*m.DiTHidden, "prefill: mu"); err != nil {
+		return nil, nil, err
 	}
-	st, err := floats(res[1], 2, "prefill: stop_logits")
-	if err != nil {
-		return nil, stop, err
+	if stop, err = floats(res[1], 2*B, "prefill: stop_logits"); err != nil {
+		return nil, nil, err
 	}
-	copy(stop[:], st)
 	return mu, stop, nil
 }
 

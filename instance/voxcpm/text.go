@@ -73,7 +73,39 @@ func (m *Manifest) patchBound(p *prompt) (int, error) {
 	return min(bound, room), nil
 }
 
-// prefillInputs are the prefill's text_ids, text_mask, feat and feat_mask for p (B = 1).
+// prefillStep is the step of the prefill's padded lengths: a batch runs as many positions as
+// its longest prompt, rounded up to a whole number of steps, so that shapes repeat (ONNX
+// Runtime's first run of each new shape costs more than later ones) and can be warmed at load.
+const prefillStep = 16
+
+// prefillLength is the positions a prefill of prompts of at most n positions runs: n rounded up
+// to a whole number of prefillSteps, at most lm.max_positions.
+func (m *Manifest) prefillLength(n int) int {
+	return min(m.LM.MaxPositions, (n+prefillStep-1)/prefillStep*prefillStep)
+}
+
+// prefillBatch lays out prompts ps as rows rows (at least len(ps)) of T positions each, right-
+// padded: text_ids, text_mask, feat, feat_mask and seqlens_k (each row's length minus one). The
+// rows past len(ps) are placeholders of one position; padding has ids and masks 0.
+func (m *Manifest) prefillBatch(ps []*prompt, rows, T int) (ids []int64, textMask, feat, featMask []float32, seqlens []int32) {
+	PD := m.patchFloats()
+	ids = make([]int64, rows*T)
+	textMask = make([]float32, rows*T)
+	featMask = make([]float32, rows*T)
+	feat = make([]float32, rows*T*PD)
+	seqlens = make([]int32, rows)
+	for b, p := range ps {
+		i, tm, f, fm := m.prefillInputs(p)
+		copy(ids[b*T:], i)
+		copy(textMask[b*T:], tm)
+		copy(feat[b*T*PD:], f)
+		copy(featMask[b*T:], fm)
+		seqlens[b] = int32(p.length() - 1)
+	}
+	return ids, textMask, feat, featMask, seqlens
+}
+
+// prefillInputs are the prefill's text_ids, text_mask, feat and feat_mask for p alone.
 func (m *Manifest) prefillInputs(p *prompt) (ids []int64, textMask, feat, featMask []float32) {
 	T, nText, PD := p.length(), len(p.ids), m.patchFloats()
 	ids = make([]int64, T)

@@ -133,8 +133,8 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			// More arrivals than one round of prefills takes (joinsPerStep), some a little late:
-			// streams join at different steps and so sit at different positions.
+			// Some a little late: streams join at different steps and so sit at different
+			// positions.
 			time.Sleep(time.Duration(i%2) * 3 * time.Millisecond)
 			got[i] = run(t, e, req)
 		}()
