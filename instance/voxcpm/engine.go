@@ -18,9 +18,10 @@ import (
 // Prefills run in groups: the requests waiting when a step ends that fit in the slots, sorted by
 // prompt length, at most prefillGroup to a run, all of them before the next step. A group of n
 // runs as prefillRows(n) rows (placeholders past n), so that prefills take few shapes, every one
-// of which up to 256 positions runs once at load (warmPrefill). Prefill runs cost a GPU about the
-// same at any batch (47-70 ms per request alone, H200): a burst of arrivals joined one at a time
-// held every running stream for each.
+// of which up to 256 positions runs once at load (warmPrefill). A prefill of one request a run
+// cost 47-70 ms on an H200, likely bound by launching kernels as the step is (whose runs cost
+// about the same at 1 and at 83 rows), and a burst of arrivals joined a few at a time held every
+// running stream for each run.
 const (
 	prefillGroup = 8
 	// prefillSpare slots past max_inflight hold a group's placeholder rows: a group of n of the
@@ -39,7 +40,7 @@ func prefillRows(n int) int {
 
 // The engine's stages, in StageStats' names.
 const (
-	stagePrefill = iota // a request's prefill and its VAE state's priming
+	stagePrefill = iota // a group's prefill run (its VAE states are primed with the VAE's work)
 	stageStep
 	stageVAE
 )
@@ -49,8 +50,9 @@ var stageNames = []string{"prefill", "step", "vae"}
 var errShutDown = errors.New("engine is shut down")
 
 // Engine serves one export on one device. Requests queue for the scheduler goroutine (loop),
-// which owns the runner: it prefills arrivals into free slots in groups, then steps every running
-// stream by one patch in one step run and one VAE decoder run, and hands each stream its audio.
+// which owns the runner's LM side: it prefills arrivals into free slots in groups, then steps
+// every running stream by one patch in one step run. One VAE decoder run per step then decodes
+// that patch of every stream, beside the next step (vaeQueue), and hands each stream its audio.
 type Engine struct {
 	m     *Manifest
 	tok   tokenizer
@@ -65,16 +67,25 @@ type Engine struct {
 	// used counts the slots streams hold.
 	used    atomic.Int64
 	cancels cancelCounters
+	// overlap runs the VAE decoder's work on a goroutine of its own (vaeQueue), each patch's
+	// decode beside the next step; off, in line on the scheduler's.
+	overlap bool
 	// enc makes voices from clips; nil without graphs.vae_encoder.
 	enc *voiceEncoder
 	// closeRest frees what the engine's runner and encoder run on.
 	closeRest func()
 }
 
-// newEngine starts the scheduler over run, with room for slots streams at once.
+// newEngine starts the scheduler over run, with room for slots streams at once, each patch's VAE
+// decode beside the next step.
 func newEngine(m *Manifest, tok tokenizer, run runner, slots int) *Engine {
+	return startEngine(m, tok, run, slots, true)
+}
+
+// startEngine is newEngine with the VAE's work beside the steps (overlap) or in line.
+func startEngine(m *Manifest, tok tokenizer, run runner, slots int, overlap bool) *Engine {
 	e := &Engine{m: m, tok: tok, run: run, slots: max(slots, 1), queue: engine.NewQueue[*request](),
-		done: make(chan struct{}), stats: engine.NewCounters(stageNames...)}
+		done: make(chan struct{}), stats: engine.NewCounters(stageNames...), overlap: overlap}
 	e.wg.Add(1)
 	go e.loop()
 	return e
@@ -240,19 +251,33 @@ type scheduler struct {
 	rows    []*row
 	live    int
 	waiting []*request
+	// vae runs the VAE decoder's work; nil: in line.
+	vae *vaeQueue
+	// decoding closes when the last decode queued has handed out its audio.
+	decoding chan struct{}
+	// vaeErr is the first error of the VAE's work since the scheduler last looked.
+	vaeMu  sync.Mutex
+	vaeErr error
 }
 
-// loop is the scheduler goroutine: the only one that runs the graphs.
+// loop is the scheduler goroutine: the only one that runs the LM's graphs (prefill, step).
 func (e *Engine) loop() {
 	defer e.wg.Done()
 	s := &scheduler{e: e, rows: make([]*row, e.slots+prefillSpare)}
+	if e.overlap {
+		s.vae = newVAEQueue()
+	}
 	ready := e.queue.Ready()
 	for {
 		arrived, ok := e.queue.TryPopAll()
 		s.waiting = append(s.waiting, arrived...)
 		if !ok {
 			s.failAll(errShutDown)
+			s.vae.close()
 			return
+		}
+		if err := s.takeVAEErr(); err != nil {
+			s.failRunning(err)
 		}
 		s.dropCancelled()
 		if s.live == 0 && len(s.waiting) == 0 {
@@ -273,6 +298,31 @@ func (e *Engine) loop() {
 	}
 }
 
+// onVAE queues f, the VAE's work, whose error fails the streams running when the scheduler next
+// looks (the states may then be wrong for all of them).
+func (s *scheduler) onVAE(f func() error) {
+	s.vae.do(func() {
+		if err := f(); err != nil {
+			s.setVAEErr(err)
+		}
+	})
+}
+
+func (s *scheduler) setVAEErr(err error) {
+	s.vaeMu.Lock()
+	s.vaeErr = cmp.Or(s.vaeErr, err)
+	s.vaeMu.Unlock()
+}
+
+// takeVAEErr returns the VAE's error since the last call, if any.
+func (s *scheduler) takeVAEErr() error {
+	s.vaeMu.Lock()
+	defer s.vaeMu.Unlock()
+	err := s.vaeErr
+	s.vaeErr = nil
+	return err
+}
+
 // free empties slot b.
 func (s *scheduler) free(b int) {
 	s.rows[b] = nil
@@ -282,16 +332,21 @@ func (s *scheduler) free(b int) {
 
 // failAll ends every request the scheduler holds with err.
 func (s *scheduler) failAll(err error) {
+	s.failRunning(err)
+	for _, r := range s.waiting {
+		r.finish(err)
+	}
+	s.waiting = nil
+}
+
+// failRunning ends every request in a slot with err.
+func (s *scheduler) failRunning(err error) {
 	for b, r := range s.rows {
 		if r != nil {
 			s.free(b) // first: a request that has returned holds no slot
 			r.r.finish(err)
 		}
 	}
-	for _, r := range s.waiting {
-		r.finish(err)
-	}
-	s.waiting = nil
 }
 
 // dropCancelled ends the requests whose context has ended, freeing their slots before the next
@@ -405,10 +460,8 @@ func (s *scheduler) prefill(from int, reqs []*request, rows int) {
 			r.finish(fmt.Errorf("prefill: mu has %d values, want dit_hidden = %d", len(out[i].mu), m.DiTHidden))
 			continue
 		}
-		if err := e.run.prime(b, r.context(m)); err != nil {
-			r.finish(err)
-			continue
-		}
+		context := r.context(m)
+		s.onVAE(func() error { return e.run.prime(b, context) })
 		cond := make([]float32, m.patchFloats())
 		if v := r.p.voice; v != nil {
 			copy(cond, v.latents[(v.patches-1)*m.patchFloats():])
@@ -452,11 +505,16 @@ func (s *scheduler) compact() error {
 		s.rows[f], s.rows[t] = r, nil
 		r.slot = f
 	}
+	if len(moves) == 0 {
+		return nil
+	}
+	s.onVAE(func() error { return s.e.run.moveStates(moves) })
 	return s.e.run.move(moves)
 }
 
-// step runs one patch of every stream: the step graph, then the VAE decoder, over slots
-// [0, top); each stream's audio leaves as soon as the decoder returns.
+// step runs one patch of every stream: the step graph over slots [0, top), then the VAE
+// decoder, queued: it runs while the scheduler goes on to the next step, and hands each stream
+// its audio as soon as it returns. At most one decode is queued at a time.
 func (s *scheduler) step() {
 	e, m := s.e, s.e.m
 	n := s.top()
@@ -479,28 +537,62 @@ func (s *scheduler) step() {
 		s.failAll(err)
 		return
 	}
-	t1 := time.Now()
-	audio, err := e.run.decode(n, out.patch)
-	e.stats.Count(stageVAE, s.live, t1)
-	if err != nil {
-		s.failAll(err)
-		return
+	// Who gets each row's audio, and whether it is the request's last.
+	type delivery struct {
+		r    *request
+		last bool
 	}
-	S := m.patchSamples()
+	to := make([]delivery, n)
+	for b, r := range s.rows[:n] {
+		if r != nil {
+			to[b] = delivery{r: r.r, last: ends(r.i, r.stop, m.Generation.MinLen, r.r.bound)}
+		}
+	}
+	if s.decoding != nil {
+		<-s.decoding
+	}
+	done := make(chan struct{})
+	s.decoding = done
+	live, patch := s.live, out.patch
+	s.onVAE(func() error {
+		defer close(done)
+		t1 := time.Now()
+		audio, err := e.run.decode(n, patch)
+		e.stats.Count(stageVAE, live, t1)
+		if err != nil {
+			// Noted first: a request that comes after these have failed is not failed with them.
+			s.setVAEErr(err)
+			for _, d := range to {
+				if d.r != nil {
+					d.r.finish(err)
+				}
+			}
+			return nil
+		}
+		S := m.patchSamples()
+		for b, d := range to {
+			if d.r == nil {
+				continue
+			}
+			d.r.push(tts.Chunk{PCM: append([]float32(nil), audio[b*S:(b+1)*S]...), SampleRate: m.SampleRate})
+			if d.last {
+				d.r.finish(nil)
+			}
+		}
+		return nil
+	})
 	for b, r := range s.rows[:n] {
 		if r == nil {
 			continue
 		}
-		r.r.push(tts.Chunk{PCM: append([]float32(nil), audio[b*S:(b+1)*S]...), SampleRate: m.SampleRate})
-		done := ends(r.i, r.stop, m.Generation.MinLen, r.r.bound)
 		copy(r.cond, out.patch[b*PD:(b+1)*PD])
 		copy(r.mu, out.nextMu[b*H:(b+1)*H])
 		copy(r.stop[:], out.nextStop[2*b:2*b+2])
 		r.pos++
 		r.i++
-		if done {
+		if to[b].last {
+			// Its slot is free for the next join; its audio is the decode's to hand out.
 			s.free(b)
-			r.r.finish(nil)
 		}
 	}
 }

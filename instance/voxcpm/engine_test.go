@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -214,6 +215,99 @@ func TestEngineBatchedEqualsAlone(t *testing.T) {
 	if st[stagePrefill].Items != uint64(len(reqs)) || st[stageStep].Batches == 0 || st[stageVAE].Batches != st[stageStep].Batches {
 		t.Fatalf("stats %+v", st)
 	}
+}
+
+// Each patch's VAE decode runs beside the next step, and every request gives exactly the audio
+// of an engine that decodes in line, alone and batched with streams joining, leaving, moving
+// down and priming voices.
+func TestEngineOverlapEqualsInLine(t *testing.T) {
+	m := fakeManifest()
+	PD := m.patchFloats()
+	lat := make([]float32, 5*PD)
+	for i := range lat {
+		lat[i] = float32(i%7) / 10
+	}
+	m.voices = map[string]*voice{"v": {name: "v", text: "Said before.", latents: lat, patches: 5}}
+	var reqs []tts.Request
+	for i := range 20 {
+		req := tts.Request{Text: texts[i%len(texts)] + strings.Repeat("~", i%4), Seed: uint64(300 + i)}
+		if i%3 == 0 {
+			req.Voice = "v"
+		}
+		reqs = append(reqs, req)
+	}
+	f := newFakeRunner(m, 1+prefillSpare)
+	inLine := startEngine(m, byteTokenizer{}, f, 1, false)
+	t.Cleanup(func() { inLine.Close() })
+	want := make([]result, len(reqs))
+	for i, req := range reqs {
+		if want[i] = run(t, inLine, req); want[i].err != nil {
+			t.Fatal(want[i].err)
+		}
+	}
+	if f.overlaps.Load() != 0 {
+		t.Fatal("in line, a decode ran beside a step")
+	}
+	e, g := fakeEngine(t, m, 6)
+	g.stepDelay, g.decodeDelay = 2*time.Millisecond, 2*time.Millisecond
+	got := make([]result, len(reqs))
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(i/6*25+i%4) * time.Millisecond)
+			got[i] = run(t, e, req)
+		}()
+	}
+	wg.Wait()
+	for i := range reqs {
+		if got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || maxDiff(got[i].pcm(), want[i].pcm()) != 0 {
+			t.Fatalf("request %d: %v, %d patches (%d in line), audio %g from in line", i, got[i].err,
+				len(got[i].chunks), len(want[i].chunks), maxDiff(got[i].pcm(), want[i].pcm()))
+		}
+	}
+	moved := 0
+	for _, c := range g.callLog() {
+		if strings.HasPrefix(c, "move states") {
+			moved++
+		}
+	}
+	if g.overlaps.Load() == 0 || moved == 0 {
+		t.Fatalf("%d decodes beside a step, %d states moved: the test does not cover the overlap", g.overlaps.Load(), moved)
+	}
+	if e.Slots() != 0 {
+		t.Fatalf("%d slots held after every request ended", e.Slots())
+	}
+}
+
+// A decode that fails fails the requests it carried and those running when the scheduler sees
+// it; the engine goes on with the next.
+func TestEngineDecodeFails(t *testing.T) {
+	m := fakeManifest()
+	f := &failingDecode{fakeRunner: newFakeRunner(m, 4+prefillSpare)}
+	e := newEngine(m, byteTokenizer{}, f, 4)
+	t.Cleanup(func() { e.Close() })
+	f.fail.Store(true)
+	if r := run(t, e, tts.Request{Text: texts[1]}); r.err == nil || !strings.Contains(r.err.Error(), "decoder lost") {
+		t.Fatalf("request over a failing decode: %v", r.err)
+	}
+	f.fail.Store(false)
+	if r := run(t, e, tts.Request{Text: texts[0]}); r.err != nil || len(r.chunks) == 0 {
+		t.Fatalf("the request after: %v, %d chunks", r.err, len(r.chunks))
+	}
+}
+
+type failingDecode struct {
+	*fakeRunner
+	fail atomic.Bool
+}
+
+func (f *failingDecode) decode(n int, patch []float32) ([]float32, error) {
+	if f.fail.Load() {
+		return nil, errors.New("decoder lost")
+	}
+	return f.fakeRunner.decode(n, patch)
 }
 
 // A burst of arrivals joins before the next step, in groups of at most prefillGroup prompts of

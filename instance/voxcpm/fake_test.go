@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,16 +18,28 @@ type fakeRunner struct {
 	kv        [][]float32 // [slot][position]
 	state     [][]float32 // [slot][state_size]
 	stepDelay time.Duration
-	mu        sync.Mutex
-	calls     []string
-	maxRows   int   // the most slots a step ran over
-	failStep  error // when set, steps fail with it
-	closed    bool
-	primed    map[int][]float32 // each slot's last priming context
+	// decodeDelay makes each decode take that long; overlaps counts the decodes that ran while a
+	// step did.
+	decodeDelay time.Duration
+	stepping    atomic.Bool
+	overlaps    atomic.Int64
+	mu          sync.Mutex
+	calls       []string
+	maxRows     int   // the most slots a step ran over
+	failStep    error // when set, steps fail with it
+	closed      bool
+	primed      map[int][]float32 // each slot's last priming context
 }
 
+// newFakeRunner makes a fake of most slots, all allocated now: the scheduler's goroutine uses kv
+// while the VAE's uses state.
 func newFakeRunner(m *Manifest, most int) *fakeRunner {
-	return &fakeRunner{m: m, most: most, primed: map[int][]float32{}}
+	f := &fakeRunner{m: m, most: most, primed: map[int][]float32{}}
+	for range most {
+		f.kv = append(f.kv, make([]float32, m.LM.MaxPositions))
+		f.state = append(f.state, make([]float32, m.VAE.StateSize))
+	}
+	return f
 }
 
 func (f *fakeRunner) log(s string, args ...any) {
@@ -44,10 +57,6 @@ func (f *fakeRunner) callLog() []string {
 func (f *fakeRunner) reserve(n int) error {
 	if n > f.most {
 		return fmt.Errorf("fake: %d slots over %d", n, f.most)
-	}
-	for len(f.kv) < n {
-		f.kv = append(f.kv, make([]float32, f.m.LM.MaxPositions))
-		f.state = append(f.state, make([]float32, f.m.VAE.StateSize))
 	}
 	return nil
 }
@@ -123,7 +132,9 @@ func (f *fakeRunner) step(in *stepIn) (*stepOut, error) {
 	if in.n > len(f.kv) {
 		return nil, fmt.Errorf("fake: step over %d slots of %d", in.n, len(f.kv))
 	}
+	f.stepping.Store(true)
 	time.Sleep(f.stepDelay)
+	f.stepping.Store(false)
 	f.mu.Lock()
 	f.maxRows = max(f.maxRows, in.n)
 	f.mu.Unlock()
@@ -151,6 +162,13 @@ func (f *fakeRunner) decode(n int, patches []float32) ([]float32, error) {
 	if len(patches) != n*PD {
 		return nil, fmt.Errorf("fake: decode of %d rows given %d latent values", n, len(patches))
 	}
+	if f.decodeDelay > 0 {
+		time.Sleep(f.decodeDelay / 2)
+		if f.stepping.Load() {
+			f.overlaps.Add(1)
+		}
+		time.Sleep(f.decodeDelay / 2)
+	}
 	audio := make([]float32, n*S)
 	for b := range n {
 		st, patch := f.state[b], patches[b*PD:(b+1)*PD]
@@ -173,6 +191,13 @@ func (f *fakeRunner) move(moves []slotMove) error {
 		for j := mv.positions; j < len(f.kv[mv.to]); j++ {
 			f.kv[mv.to][j] = float32(math.NaN())
 		}
+	}
+	return nil
+}
+
+func (f *fakeRunner) moveStates(moves []slotMove) error {
+	for _, mv := range moves {
+		f.log("move states %d %d", mv.from, mv.to)
 		copy(f.state[mv.to], f.state[mv.from])
 	}
 	return nil

@@ -7,8 +7,10 @@ import (
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
 
-// runner runs the graphs over the slots' caches and VAE states. The scheduler goroutine alone
-// calls it; the engine's tests run the scheduler over a fake one.
+// runner runs the graphs over the slots' caches and VAE states. The scheduler goroutine calls
+// its LM side (reserve, prefill, step, move) and one other goroutine at a time its VAE side
+// (prime, decode, moveStates): the two share no memory. The engine's tests run the scheduler over
+// a fake one.
 type runner interface {
 	// reserve makes room for slots [0, n).
 	reserve(n int) error
@@ -25,8 +27,10 @@ type runner interface {
 	// decode runs the VAE decoder over slots [0, n), their latents patch ([n][patch_size][feat_dim],
 	// the step's), and returns the audio, [n][patch_size·chunk_size], valid until the next decode.
 	decode(n int, patch []float32) ([]float32, error)
-	// move moves streams down into free slots.
+	// move moves streams' caches down into free slots.
 	move(moves []slotMove) error
+	// moveStates moves streams' VAE states down into free slots.
+	moveStates(moves []slotMove) error
 	close() error
 }
 
@@ -164,12 +168,9 @@ func (g *graphs) warmPrefill(slots int) error {
 
 func (g *graphs) reserve(n int) error { return g.c.reserve(n) }
 
-func (g *graphs) move(moves []slotMove) error {
-	if err := g.c.move(moves); err != nil {
-		return err
-	}
-	return g.v.move(moves)
-}
+func (g *graphs) move(moves []slotMove) error { return g.c.move(moves) }
+
+func (g *graphs) moveStates(moves []slotMove) error { return g.v.move(moves) }
 
 func (g *graphs) prime(s int, context []float32) error { return g.v.prime(s, context) }
 

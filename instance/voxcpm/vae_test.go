@@ -64,8 +64,9 @@ func (c *countingRunner) decode(n int, patch []float32) ([]float32, error) {
 	return c.runner.decode(n, patch)
 }
 
-// tinyCountingEngine is tinyEngineWith over a countingRunner.
-func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions) (*Engine, *countingRunner) {
+// tinyCountingEngine is tinyEngineWith over a countingRunner, the VAE's work beside the steps
+// (overlap) or in line.
+func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions, overlap bool) (*Engine, *countingRunner) {
 	t.Helper()
 	m, rt := tinyRuntime(t)
 	tok, err := loadTokenizer(m)
@@ -77,7 +78,7 @@ func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions) (*Engin
 		t.Fatal(err)
 	}
 	c := &countingRunner{runner: g}
-	e := newEngine(m, tok, c, slots)
+	e := startEngine(m, tok, c, slots, overlap)
 	t.Cleanup(func() { e.Close() })
 	return e, c
 }
@@ -190,7 +191,7 @@ func TestTinyVAEFixedShapes(t *testing.T) {
 		}
 	}
 	for _, mode := range []string{"off", "fixed"} {
-		e, c := tinyCountingEngine(t, 6, tts.EngineOptions{LMCUDAGraph: mode})
+		e, c := tinyCountingEngine(t, 6, tts.EngineOptions{LMCUDAGraph: mode}, true)
 		if g := c.runner.(*graphs); len(g.v.buckets) != len(stepBuckets(6)) {
 			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(stepBuckets(6)))
 		}
@@ -240,4 +241,45 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 	if err == nil {
 		t.Fatal("vocoder_batches [1, 4] was accepted")
 	}
+}
+
+// On the tiny export, each patch's VAE decode beside the next step gives the audio of decodes in
+// line, batched with streams joining, leaving and moving down, one in a voice.
+func TestTinyOverlapEqualsInLine(t *testing.T) {
+	reqs := []tts.Request{{Text: "One request.", Seed: 1}, {Text: "And another, longer.", Seed: 2},
+		{Text: "Third.", Seed: 3}, {Text: "The fourth, the longest of all.", Seed: 4}, {Text: "Five.", Seed: 5},
+		{Text: "Six, in a voice.", Seed: 6}}
+	batched := func(e *Engine) []result {
+		if len(e.m.voiceNames) > 1 {
+			reqs[5].Voice = e.m.voiceNames[1]
+		}
+		out := make([]result, len(reqs))
+		var wg sync.WaitGroup
+		for i, req := range reqs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(time.Duration(i%3) * 20 * time.Millisecond)
+				out[i] = run(t, e, req)
+			}()
+		}
+		wg.Wait()
+		return out
+	}
+	inLine, _ := tinyCountingEngine(t, 4, tts.EngineOptions{}, false)
+	want := batched(inLine)
+	e, c := tinyCountingEngine(t, 4, tts.EngineOptions{LMCUDAGraph: "fixed"}, true)
+	got := batched(e)
+	var worst float64
+	for i := range reqs {
+		if want[i].err != nil || got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {
+			t.Fatalf("request %d: in line %v, beside the steps %v, %d patches (%d in line), %g apart", i, want[i].err, got[i].err,
+				len(got[i].chunks), len(want[i].chunks), closeTo(got[i], want[i]))
+		}
+		worst = max(worst, closeTo(got[i], want[i]))
+	}
+	if c.moves.Load() == 0 {
+		t.Fatal("no stream moved: the test does not cover compaction beside a decode")
+	}
+	t.Logf("beside the steps at most %g from in line (%d moves)", worst, c.moves.Load())
 }
