@@ -3,6 +3,7 @@ package staged
 import (
 	"fmt"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -74,26 +75,6 @@ func (g *lmGraph) release() {
 	release(g.cache)
 }
 
-// lmBuckets are the graphs' batch sizes up to the first at least rows: powers of two to 8, then
-// steps of ×1.5 and ×4/3 (16, 24, 32, 48, ...), so padding stays under half a step's rows.
-func lmBuckets(rows int) []int {
-	var out []int
-	for b := 1; ; {
-		out = append(out, b)
-		if b >= rows {
-			return out
-		}
-		switch {
-		case b < 16:
-			b *= 2
-		case b&(b-1) == 0:
-			b += b / 2
-		default:
-			b = b / 3 * 4
-		}
-	}
-}
-
 func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int, prefillGraphs bool) (*sharedDecoder, error) {
 	var thread *ort.Thread
 	if graphRows > 0 {
@@ -117,7 +98,7 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int, prefil
 	d.ins, d.outs = cacheNames(m)
 	if graphRows > 0 {
 		d.g = &lmGraphs{thread: thread}
-		if err := d.capture(lmBuckets(graphRows), prefillGraphs); err != nil {
+		if err := d.capture(engine.Buckets(graphRows), prefillGraphs); err != nil {
 			d.close()
 			return nil, fmt.Errorf("lm: CUDA graphs: %w", err)
 		}

@@ -219,12 +219,6 @@ func TestDecoderJoinTogether(t *testing.T) {
 // every row down first, and the rows moved decode on as before; past the slots the graphs were
 // made for, a join fails with the reason.
 func TestGraphCacheCompactsToMakeRoom(t *testing.T) {
-	if got := lmBuckets(256); !slices.Equal(got, []int{1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256}) {
-		t.Errorf("buckets for 256 rows: %v", got)
-	}
-	if got := lmBuckets(3); !slices.Equal(got, []int{1, 2, 4}) {
-		t.Errorf("buckets for 3 rows: %v", got)
-	}
 	m := tinyManifest(t)
 	want := decodeAlone(t, "graph")
 	d := newTestDecoderRows(t, "graph", 3) // 4 slots

@@ -3,6 +3,7 @@ package voxcpm
 import (
 	"fmt"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -102,7 +103,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 	if g.prefillS, err = open("graphs.prefill", m.Graphs.Prefill, "voxcpm_prefill", false); err != nil {
 		return nil, err
 	}
-	buckets := stepBuckets(slots)
+	buckets := engine.Buckets(slots)
 	rows := max(buckets[len(buckets)-1], slots+prefillSpare)
 	if g.v, err = openVAE(m, rt, rows, buckets, plainVAE, mode == graphOn); err != nil {
 		return nil, err

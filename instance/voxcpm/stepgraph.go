@@ -31,26 +31,6 @@ func stepGraphMode(o tts.EngineOptions, cuda bool) string {
 	return graphOff
 }
 
-// stepBuckets are the buckets' batch sizes up to the first of at least rows: powers of two to 8,
-// then steps of ×1.5 and ×4/3 (16, 24, 32, 48, ...), so padding stays under half a step's rows.
-func stepBuckets(rows int) []int {
-	var out []int
-	for b := 1; ; {
-		out = append(out, b)
-		if b >= rows {
-			return out
-		}
-		switch {
-		case b < 16:
-			b *= 2
-		case b&(b-1) == 0:
-			b += b / 2
-		default:
-			b = b / 3 * 4
-		}
-	}
-}
-
 // stepGraphs run the step graph in fixed batch sizes. A CUDA graph replays the kernels ONNX
 // Runtime launched for one shape at the addresses it saw, so each bucket has its own inputs and
 // outputs on the device, bound once, and the caches are allocated once for the largest bucket and

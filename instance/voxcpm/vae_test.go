@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
@@ -89,7 +90,7 @@ func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions, overlap
 func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 	m, rt := tinyRuntime(t)
 	const rows = 8
-	buckets := stepBuckets(6)
+	buckets := engine.Buckets(6)
 	fixed, err := openVAE(m, rt, rows, buckets, false, false)
 	if err != nil {
 		t.Fatal(err)
@@ -192,8 +193,8 @@ func TestTinyVAEFixedShapes(t *testing.T) {
 	}
 	for _, mode := range []string{"off", "fixed"} {
 		e, c := tinyCountingEngine(t, 6, tts.EngineOptions{LMCUDAGraph: mode}, true)
-		if g := c.runner.(*graphs); len(g.v.buckets) != len(stepBuckets(6)) {
-			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(stepBuckets(6)))
+		if g := c.runner.(*graphs); len(g.v.buckets) != len(engine.Buckets(6)) {
+			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(engine.Buckets(6)))
 		}
 		if r := run(t, e, reqs[1]); r.err != nil || closeTo(r, want[1]) > 1e-4 {
 			t.Fatalf("lm_cuda_graph %s, alone: %v, %g from the plain VAE", mode, r.err, closeTo(r, want[1]))
