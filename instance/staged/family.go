@@ -2,9 +2,7 @@ package staged
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/engine"
@@ -97,43 +95,21 @@ type synthesizer interface {
 
 // replicas spreads requests over one engine per GPU, to the least loaded.
 type replicas struct {
-	engines []synthesizer
-	load    []atomic.Int64
+	*engine.Replicas[synthesizer]
 }
 
 func newReplicas[S synthesizer](engines []S) *replicas {
-	r := &replicas{engines: make([]synthesizer, len(engines)), load: make([]atomic.Int64, len(engines))}
+	all := make([]synthesizer, len(engines))
 	for i, e := range engines {
-		r.engines[i] = e
+		all[i] = e
 	}
-	return r
-}
-
-func (r *replicas) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
-	best := 0
-	for i := range r.engines {
-		if r.load[i].Load() < r.load[best].Load() {
-			best = i
-		}
-	}
-	r.load[best].Add(1)
-	defer r.load[best].Add(-1)
-	return r.engines[best].Synthesize(ctx, req, emit)
-}
-
-// Stats adds up the engines' stage counters, the time items waited included.
-func (r *replicas) Stats() []tts.StageStats {
-	all := make([][]tts.StageStats, len(r.engines))
-	for i, e := range r.engines {
-		all[i] = e.Stats()
-	}
-	return engine.Sum(all...)
+	return &replicas{engine.NewReplicas(all)}
 }
 
 // FirstAudio gathers every engine's first-audio figures since the last call.
 func (r *replicas) FirstAudio() []FirstAudio {
 	var out []FirstAudio
-	for _, e := range r.engines {
+	for _, e := range r.Engines {
 		out = append(out, e.FirstAudio()...)
 	}
 	return out
@@ -142,17 +118,9 @@ func (r *replicas) FirstAudio() []FirstAudio {
 // ExtractVoice makes a voice with the first engine's pipeline, the one that holds the voice
 // encoder (loadPipeline).
 func (r *replicas) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
-	x, ok := r.engines[0].(instance.VoiceExtractor)
+	x, ok := r.Engines[0].(instance.VoiceExtractor)
 	if !ok {
 		return tts.VoicePrompt{}, tts.Invalid("this model does not make voices from reference audio")
 	}
 	return x.ExtractVoice(ctx, clip)
-}
-
-func (r *replicas) Close() error {
-	var errs []error
-	for _, e := range r.engines {
-		errs = append(errs, e.Close())
-	}
-	return errors.Join(errs...)
 }

@@ -2,7 +2,6 @@ package staged
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,18 +12,9 @@ import (
 type fakeEngine struct {
 	stats []tts.StageStats
 	first []FirstAudio
-	mu    sync.Mutex
-	calls int
-	hold  chan struct{} // Synthesize waits on it when set
 }
 
-func (f *fakeEngine) Synthesize(ctx context.Context, _ tts.Request, _ func(tts.Chunk) error) error {
-	f.mu.Lock()
-	f.calls++
-	f.mu.Unlock()
-	if f.hold != nil {
-		<-f.hold
-	}
+func (f *fakeEngine) Synthesize(context.Context, tts.Request, func(tts.Chunk) error) error {
 	return nil
 }
 func (f *fakeEngine) Stats() []tts.StageStats { return f.stats }
@@ -66,27 +56,4 @@ func TestReplicasStats(t *testing.T) {
 	if r.FirstAudioSummary() != "" {
 		t.Error("a summary with no requests")
 	}
-}
-
-// Requests go to the least loaded engine.
-func TestReplicasLeastLoaded(t *testing.T) {
-	a, b := &fakeEngine{hold: make(chan struct{})}, &fakeEngine{}
-	r := newReplicas([]*fakeEngine{a, b})
-	done := make(chan struct{})
-	go func() { r.Synthesize(context.Background(), tts.Request{}, nil); close(done) }()
-	for {
-		a.mu.Lock()
-		n := a.calls
-		a.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
-	r.Synthesize(context.Background(), tts.Request{}, nil)
-	if b.calls != 1 {
-		t.Errorf("engine b took %d requests while a was busy, want 1", b.calls)
-	}
-	close(a.hold)
-	<-done
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/engine"
@@ -96,7 +95,7 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 	if len(engines) == 1 {
 		return engines[0], m.description(), nil
 	}
-	return &replicas{engines: engines, load: make([]atomic.Int64, len(engines))}, m.description(), nil
+	return &replicas{engine.NewReplicas(engines)}, m.description(), nil
 }
 
 // openEngine loads the graphs on device d and starts an engine over them; the engine on device 0
@@ -135,33 +134,12 @@ func plainVAE(o tts.EngineOptions) bool { return o.VocoderBatchesSet && len(o.Vo
 
 // replicas spreads requests over one engine per GPU, to the least loaded.
 type replicas struct {
-	engines []*Engine
-	load    []atomic.Int64
-}
-
-func (r *replicas) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
-	best := 0
-	for i := range r.engines {
-		if r.load[i].Load() < r.load[best].Load() {
-			best = i
-		}
-	}
-	r.load[best].Add(1)
-	defer r.load[best].Add(-1)
-	return r.engines[best].Synthesize(ctx, req, emit)
-}
-
-func (r *replicas) Stats() []tts.StageStats {
-	all := make([][]tts.StageStats, len(r.engines))
-	for i, e := range r.engines {
-		all[i] = e.Stats()
-	}
-	return engine.Sum(all...)
+	*engine.Replicas[*Engine]
 }
 
 func (r *replicas) CancelStats() tts.CancelStats {
 	var out tts.CancelStats
-	for _, e := range r.engines {
+	for _, e := range r.Engines {
 		c := e.CancelStats()
 		out.Count += c.Count
 		out.Freeing += c.Freeing
@@ -172,13 +150,5 @@ func (r *replicas) CancelStats() tts.CancelStats {
 
 // ExtractVoice runs on the first engine, the one with the voice encoder.
 func (r *replicas) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
-	return r.engines[0].ExtractVoice(ctx, clip)
-}
-
-func (r *replicas) Close() error {
-	var errs []error
-	for _, e := range r.engines {
-		errs = append(errs, e.Close())
-	}
-	return errors.Join(errs...)
+	return r.Engines[0].ExtractVoice(ctx, clip)
 }

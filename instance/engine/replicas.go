@@ -1,0 +1,62 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+
+	"github.com/voxmux/voxmux/tts"
+)
+
+// Replica is one copy of a model's engine, on one GPU.
+type Replica interface {
+	Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error
+	Stats() []tts.StageStats
+	Close() error
+}
+
+// Replicas spreads requests over one engine per GPU, each to the one with the fewest requests
+// under way.
+type Replicas[E Replica] struct {
+	// Engines are the replicas, the first the one that holds what runs once per model (a voice
+	// encoder).
+	Engines []E
+	load    []atomic.Int64
+}
+
+// NewReplicas spreads requests over engines.
+func NewReplicas[E Replica](engines []E) *Replicas[E] {
+	return &Replicas[E]{Engines: engines, load: make([]atomic.Int64, len(engines))}
+}
+
+// Synthesize runs req on the least loaded engine.
+func (r *Replicas[E]) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	best := 0
+	for i := range r.Engines {
+		if r.load[i].Load() < r.load[best].Load() {
+			best = i
+		}
+	}
+	r.load[best].Add(1)
+	defer r.load[best].Add(-1)
+	return r.Engines[best].Synthesize(ctx, req, emit)
+}
+
+// Stats adds up the engines' stage counters, the time items waited included, so that replicas
+// read like a single engine.
+func (r *Replicas[E]) Stats() []tts.StageStats {
+	all := make([][]tts.StageStats, len(r.Engines))
+	for i, e := range r.Engines {
+		all[i] = e.Stats()
+	}
+	return Sum(all...)
+}
+
+// Close closes every engine.
+func (r *Replicas[E]) Close() error {
+	var errs []error
+	for _, e := range r.Engines {
+		errs = append(errs, e.Close())
+	}
+	return errors.Join(errs...)
+}
