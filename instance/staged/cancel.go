@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -20,8 +21,8 @@ import (
 
 // cancelCounters sums the engine's cancels.
 type cancelCounters struct {
-	mu    sync.Mutex
-	stats tts.CancelStats
+	engine.Cancels
+	mu sync.Mutex
 	// The most decode steps that started between a cancel and its stream leaving the LM's batch.
 	maxLMSteps int64
 }
@@ -37,21 +38,9 @@ func (c *cancelCounters) leftLM(s *stream, steps int64) {
 	c.maxLMSteps = max(c.maxLMSteps, steps-(at-1))
 }
 
-func (c *cancelCounters) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stats.Count++
-	c.stats.Freeing += d
-	c.stats.MaxFreeing = max(c.stats.MaxFreeing, d)
-}
-
 // CancelStats sums the requests cancelled while the engine held them and the time each took to
 // leave every stage.
-func (e *Engine) CancelStats() tts.CancelStats {
-	e.cancels.mu.Lock()
-	defer e.cancels.mu.Unlock()
-	return e.cancels.stats
-}
+func (e *Engine) CancelStats() tts.CancelStats { return e.cancels.Stats() }
 
 // CancelSteps is the most decode steps that started between a cancel and its stream leaving
 // the LM's batch: 0 or 1 (the step under way when the cancel came) when cancels act within one step.
@@ -78,9 +67,7 @@ func (e *Engine) release(s *stream) {
 		return
 	}
 	e.active.Add(-1)
-	if t := s.cancelAt.Load(); t > 0 && s.cancelAt.CompareAndSwap(t, -1) {
-		e.cancels.add(time.Since(time.Unix(0, t)))
-	}
+	e.cancels.Left(&s.cancelAt)
 }
 
 // watchCancel notes when s's request is cancelled while the engine still works on it (not when
@@ -104,7 +91,7 @@ func (e *Engine) watchCancel(s *stream) func() bool {
 		}
 		if s.held.Load() == 0 && s.cancelAt.CompareAndSwap(now, -1) {
 			// Every stage let go between the two loads: nothing was wasted that release saw.
-			e.cancels.add(0)
+			e.cancels.Add(0)
 		}
 	})
 }

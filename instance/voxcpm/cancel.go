@@ -2,9 +2,9 @@ package voxcpm
 
 import (
 	"context"
-	"sync"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -14,31 +14,15 @@ import (
 
 // cancelCounters sum the engine's cancels.
 type cancelCounters struct {
-	mu    sync.Mutex
-	stats tts.CancelStats
+	engine.Cancels
 }
 
-// left records that the scheduler dropped cancelled request r.
-func (c *cancelCounters) left(r *request) {
-	t := r.cancelAt.Load()
-	if t <= 0 || !r.cancelAt.CompareAndSwap(t, -1) {
-		return
-	}
-	d := time.Since(time.Unix(0, t))
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stats.Count++
-	c.stats.Freeing += d
-	c.stats.MaxFreeing = max(c.stats.MaxFreeing, d)
-}
+// left records that the scheduler dropped request r, which counts if it was cancelled.
+func (c *cancelCounters) left(r *request) { c.Left(&r.cancelAt) }
 
 // CancelStats sums the requests cancelled while the engine held them and the time each took to
 // leave it.
-func (e *Engine) CancelStats() tts.CancelStats {
-	e.cancels.mu.Lock()
-	defer e.cancels.mu.Unlock()
-	return e.cancels.stats
-}
+func (e *Engine) CancelStats() tts.CancelStats { return e.cancels.Stats() }
 
 // watchCancel notes when r's request is cancelled before its audio is complete; the returned
 // func stops watching.
