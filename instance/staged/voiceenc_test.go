@@ -195,19 +195,3 @@ func TestTinyCosyVoice3ServiceExtractVoice(t *testing.T) {
 		t.Fatalf("service ExtractVoice: %d tokens, %v", len(vp.SpeechTokens), err)
 	}
 }
-
-// Trimming keeps the loud part and 20 ms either side.
-func TestTrimSilence(t *testing.T) {
-	rate := 16000
-	x := make([]float32, 3*rate)
-	for i := rate; i < 2*rate; i++ {
-		x[i] = float32(0.5 * math.Sin(float64(i)*0.1))
-	}
-	got := trimSilence(x, rate)
-	if want := rate + 4*rate/100; len(got) != want {
-		t.Errorf("trimmed to %d samples, want %d", len(got), want)
-	}
-	if trimSilence(make([]float32, rate), rate) != nil {
-		t.Error("a silent clip is not empty once trimmed")
-	}
-}

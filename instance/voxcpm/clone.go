@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sync"
-	"unicode/utf8"
 
 	onnxrt "github.com/yalue/onnxruntime_go"
 
@@ -22,8 +20,6 @@ const (
 	// minClipRate is the lowest sample rate a clip may have: upsampled from less, the clip has
 	// too little of the band a 44.1 kHz voice is heard in.
 	minClipRate = 16000
-	// silenceDB is how far under the clip's peak a frame's RMS is silence, for trimming.
-	silenceDB = 50
 )
 
 // voiceEncoder runs vae_encoder.onnx. It runs on the CPU whatever the engine's provider: it runs
@@ -90,30 +86,11 @@ func (e *Engine) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Voic
 	if e.enc == nil {
 		return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("model %s does not make voices from reference audio (its export has no graphs.vae_encoder)", m.Name))
 	}
-	if len(clip.PCM) == 0 {
-		return tts.VoicePrompt{}, tts.Invalid("the reference clip holds no audio")
-	}
-	if clip.SampleRate < minClipRate {
-		return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("the reference clip's sample rate is %d Hz; a voice needs %d Hz or more", clip.SampleRate, minClipRate))
-	}
-	for i, v := range clip.PCM {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("the reference clip's sample %d is %v, not a finite number", i, v))
-		}
-	}
-	if !utf8.ValidString(clip.Text) {
-		return tts.VoicePrompt{}, tts.Invalid("the reference clip's transcript is not valid UTF-8")
+	pcm, err := voicefeat.ClipSpeech(clip, minClipRate, minClipSeconds, maxClipSeconds)
+	if err != nil {
+		return tts.VoicePrompt{}, err
 	}
 	text := cleanText(clip.Text)
-	if text == "" {
-		return tts.VoicePrompt{}, tts.Invalid("the reference clip's transcript is empty; give the words said in the clip")
-	}
-	pcm := trimSilence(clip.PCM, clip.SampleRate)
-	secs := float64(len(pcm)) / float64(clip.SampleRate)
-	if secs < minClipSeconds || secs > maxClipSeconds {
-		return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("the reference clip is %.2f s long once its leading and trailing silence is trimmed (%.2f s in all); a voice needs %d to %d s",
-			secs, float64(len(clip.PCM))/float64(clip.SampleRate), minClipSeconds, maxClipSeconds))
-	}
 	e.enc.mu.Lock()
 	defer e.enc.mu.Unlock()
 	if err := ctx.Err(); err != nil {
@@ -143,41 +120,4 @@ func padPatches(audio []float32, n int) []float32 {
 		return audio
 	}
 	return append(make([]float32, pad, pad+len(audio)), audio...)
-}
-
-// trimSilence cuts the clip's leading and trailing silence: 10 ms frames whose RMS is more than
-// silenceDB under the clip's peak sample, keeping 20 ms beside the speech so that soft onsets and
-// endings stay whole. A silent clip comes back empty.
-func trimSilence(pcm []float32, rate int) []float32 {
-	var peak float64
-	for _, v := range pcm {
-		peak = max(peak, math.Abs(float64(v)))
-	}
-	if peak == 0 {
-		return nil
-	}
-	floor := peak * math.Pow(10, -silenceDB/20.0)
-	n := max(rate/100, 1)
-	loud := func(f int) bool {
-		seg := pcm[f*n : min((f+1)*n, len(pcm))]
-		var s float64
-		for _, v := range seg {
-			s += float64(v) * float64(v)
-		}
-		return math.Sqrt(s/float64(len(seg))) >= floor
-	}
-	frames := (len(pcm) + n - 1) / n
-	first, last := 0, frames-1
-	for first < frames && !loud(first) {
-		first++
-	}
-	if first == frames {
-		return nil
-	}
-	for last > first && !loud(last) {
-		last--
-	}
-	from := max(first-2, 0) * n
-	to := min((last+3)*n, len(pcm))
-	return pcm[from:to]
 }

@@ -1,7 +1,6 @@
 package voxcpm
 
 import (
-	"math"
 	"testing"
 )
 
@@ -20,21 +19,5 @@ func TestPadPatches(t *testing.T) {
 	}
 	if got := padPatches(a, 3); len(got) != 3 {
 		t.Fatalf("a whole patch was padded: %v", got)
-	}
-}
-
-func TestTrimSilence(t *testing.T) {
-	rate := 1000
-	pcm := make([]float32, 3*rate)
-	for i := rate; i < 2*rate; i++ {
-		pcm[i] = float32(0.5 * math.Sin(float64(i)))
-	}
-	got := trimSilence(pcm, rate)
-	// 20 ms kept each side of the loud second.
-	if len(got) < rate || len(got) > rate+4*rate/100+rate/100 {
-		t.Fatalf("trimmed to %d samples, want about %d", len(got), rate+4*rate/100)
-	}
-	if trimSilence(make([]float32, 100), rate) != nil {
-		t.Fatal("a silent clip trims to nothing")
 	}
 }
