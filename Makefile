@@ -64,7 +64,7 @@ tiny-piper:
 # (Debian's python3-torch, python3-onnx, python3-numpy, python3-yaml and zstd). Made again only
 # when a script that makes it changes; `make test` runs it before the tests.
 CV3_TINY_SCRIPTS := scripts/make_tiny_cosyvoice3.py scripts/export_cosyvoice3.py scripts/cosyvoice3_net.py \
-  scripts/cosyvoice3_voice.py
+  scripts/cosyvoice3_voice.py scripts/ort_ops.py
 tiny-cosyvoice3: models/tiny-cosyvoice3/pipeline.yaml
 
 # pipeline.yaml is written last, so a failed export leaves none and runs again.
@@ -78,7 +78,7 @@ models/tiny-cosyvoice3/pipeline.yaml: $(CV3_TINY_SCRIPTS)
 # random 3 s voice bench (Debian's python3-torch, python3-onnx, python3-numpy). Made again only
 # when a script that makes it changes; `make test` runs it before the tests.
 VOXCPM_TINY_SCRIPTS := scripts/make_tiny_voxcpm.py scripts/export_voxcpm.py scripts/voxcpm_net.py \
-  scripts/voxcpm_tokenizer.py
+  scripts/voxcpm_tokenizer.py scripts/ort_ops.py
 tiny-voxcpm: models/tiny-voxcpm/pipeline.yaml
 
 # pipeline.yaml is written last, so a failed export leaves none and runs again.

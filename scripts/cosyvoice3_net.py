@@ -22,6 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ort_ops import GroupQueryAttentionOp
+
 # ---------------------------------------------------------------------------------------------
 # Configuration
 
@@ -395,29 +397,6 @@ class CosyVoice3LM(nn.Module):
         last[n] = 1.0
         head = logits[..., :n + 1]
         return head + last * (end - logits[..., n:n + 1])
-
-
-class GroupQueryAttentionOp(torch.autograd.Function):
-    """Decoder attention over a key/value cache written in place, exported as ONNX Runtime's
-    com.microsoft GroupQueryAttention with RoPE inside (do_rotary, rotate-half: Qwen2's layout).
-    Each row's length comes from seqlens_k (its length after this run, minus one); when the caller
-    binds past and present to the same memory the new keys are appended in place, so a decode step
-    copies no cache (docs/pipeline.md, "The shared cache"). forward only gives tracing the shapes;
-    the graph is checked against CosyVoice3LM by running it."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
-        return q.clone(), past_k.clone(), past_v.clone()
-
-    @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
-        out, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
-                           total_len, cos_cache, sin_cache, num_heads_i=heads, kv_num_heads_i=kv_heads,
-                           do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
-        out.setType(q.type())
-        pk.setType(past_k.type())
-        pv.setType(past_v.type())
-        return out, pk, pv
 
 
 class SharedCacheLM(nn.Module):

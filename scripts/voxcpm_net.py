@@ -26,6 +26,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ort_ops import GroupQueryAttentionNoRopeOp, GroupQueryAttentionOp
+
 # ---------------------------------------------------------------------------------------------
 # Configuration (the reference's pydantic schema: VoxCPMConfig, MiniCPM4Config, CfmConfig,
 # AudioVAEConfig; a key the schema defaults may be absent, a required one may not)
@@ -693,41 +695,7 @@ def reference_rope(c, n):
 
 # ---------------------------------------------------------------------------------------------
 # The shared, in-place cache (docs/pipeline.md "The shared cache") through ONNX Runtime's
-# com.microsoft GroupQueryAttention
-
-
-class GroupQueryAttentionOp(torch.autograd.Function):
-    """Exported as GroupQueryAttention with RoPE inside (do_rotary, rotate-half) from cos/sin
-    tables; forward only gives tracing the shapes (gqa_torch is what it computes)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
-        return q.clone(), past_k.clone(), past_v.clone()
-
-    @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache, heads, kv_heads):
-        out, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
-                           total_len, cos_cache, sin_cache, num_heads_i=heads, kv_num_heads_i=kv_heads,
-                           do_rotary_i=1, rotary_interleaved_i=0, outputs=3)
-        out.setType(q.type())
-        pk.setType(past_k.type())
-        pv.setType(past_v.type())
-        return out, pk, pv
-
-
-class GroupQueryAttentionNoRopeOp(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, heads, kv_heads):
-        return q.clone(), past_k.clone(), past_v.clone()
-
-    @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, heads, kv_heads):
-        out, pk, pv = g.op("com.microsoft::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
-                           total_len, num_heads_i=heads, kv_num_heads_i=kv_heads, outputs=3)
-        out.setType(q.type())
-        pk.setType(past_k.type())
-        pv.setType(past_v.type())
-        return out, pk, pv
+# com.microsoft GroupQueryAttention (ort_ops)
 
 
 # True: the wrappers compute GroupQueryAttention's result in PyTorch (gqa_torch), writing the
