@@ -91,12 +91,7 @@ func TestTinyBurstEqualsAlone(t *testing.T) {
 	if len(e.m.voiceNames) > 1 {
 		reqs[5].Voice = e.m.voiceNames[1]
 	}
-	alone := make([]result, len(reqs))
-	for i, req := range reqs {
-		if alone[i] = run(t, e, req); alone[i].err != nil {
-			t.Fatal(alone[i].err)
-		}
-	}
+	alone := runAlone(t, e, reqs)
 	started := make(chan struct{})
 	var once sync.Once
 	done := make(chan error, 1)
@@ -108,16 +103,7 @@ func TestTinyBurstEqualsAlone(t *testing.T) {
 	}()
 	<-started
 	before := e.Stats()[stagePrefill]
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i] = run(t, e, req)
-		}()
-	}
-	wg.Wait()
+	got := runTogether(t, e, reqs, nil)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -120,26 +119,10 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 	if len(e.m.voiceNames) > 1 {
 		reqs[3].Voice = e.m.voiceNames[1]
 	}
-	alone := make([]result, len(reqs))
-	for i, req := range reqs {
-		if alone[i] = run(t, e, req); alone[i].err != nil {
-			t.Fatal(alone[i].err)
-		}
-	}
+	alone := runAlone(t, e, reqs)
 	before := e.Stats()[stageStep]
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Some a little late: streams join at different steps and so sit at different
-			// positions.
-			time.Sleep(time.Duration(i%2) * 3 * time.Millisecond)
-			got[i] = run(t, e, req)
-		}()
-	}
-	wg.Wait()
+	// Some a little late: streams join at different steps and so sit at different positions.
+	got := runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i%2) * 3 * time.Millisecond })
 	after := e.Stats()[stageStep]
 	if items, steps := after.Items-before.Items, after.Batches-before.Batches; items < 2*steps {
 		t.Fatalf("%d steps carried %d streams: the requests hardly ran together", steps, items)
@@ -173,25 +156,11 @@ func TestTinyFixedShapes(t *testing.T) {
 	}
 	reqs := []tts.Request{{Text: "One request.", Seed: 1}, {Text: "And another, a little longer.", Seed: 2},
 		{Text: "Third.", Seed: 3}}
-	want := make([]result, len(reqs))
-	for i, req := range reqs {
-		if want[i] = run(t, plain, req); want[i].err != nil {
-			t.Fatal(want[i].err)
-		}
-	}
+	want := runAlone(t, plain, reqs)
 	if r := run(t, fixed, reqs[0]); r.err != nil || closeTo(r, want[0]) > 1e-4 {
 		t.Fatalf("alone in fixed shapes: %v, %g from the plain step", r.err, closeTo(r, want[0]))
 	}
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			got[i] = run(t, fixed, req)
-		}()
-	}
-	wg.Wait()
+	got := runTogether(t, fixed, reqs, nil)
 	for i := range reqs {
 		if got[i].err != nil || closeTo(got[i], want[i]) > 1e-4 {
 			t.Fatalf("request %d batched in fixed shapes: %v, %g from the plain step alone", i, got[i].err, closeTo(got[i], want[i]))
@@ -204,24 +173,11 @@ func TestTinyCancel(t *testing.T) {
 	e := tinyEngine(t, 2)
 	req := tts.Request{Text: "After the cancel.", Seed: 9}
 	want := run(t, e, req)
-	ctx, cancel := context.WithCancel(context.Background())
-	n := 0
-	err := e.Synthesize(ctx, tts.Request{Text: strings.Repeat("A long request that is cancelled. ", 4)}, func(tts.Chunk) error {
-		if n++; n == 2 {
-			cancel()
-		}
-		return nil
-	})
+	err := cancelAfter(e, tts.Request{Text: strings.Repeat("A long request that is cancelled. ", 4)}, 2)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled request: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for e.Slots() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d slots held after the cancel", e.Slots())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitSlotsFree(t, e, 10*time.Second)
 	if got := run(t, e, req); got.err != nil || closeTo(got, want) > 1e-4 {
 		t.Fatalf("the request after a cancel: %v, %g from before", got.err, closeTo(got, want))
 	}

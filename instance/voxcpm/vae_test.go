@@ -3,7 +3,6 @@ package voxcpm
 import (
 	"math/rand/v2"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -199,17 +198,7 @@ func TestTinyVAEFixedShapes(t *testing.T) {
 		if r := run(t, e, reqs[1]); r.err != nil || closeTo(r, want[1]) > 1e-4 {
 			t.Fatalf("lm_cuda_graph %s, alone: %v, %g from the plain VAE", mode, r.err, closeTo(r, want[1]))
 		}
-		got := make([]result, len(reqs))
-		var wg sync.WaitGroup
-		for i, req := range reqs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				time.Sleep(time.Duration(i%3) * 20 * time.Millisecond)
-				got[i] = run(t, e, req)
-			}()
-		}
-		wg.Wait()
+		got := runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i%3) * 20 * time.Millisecond })
 		var worst float64
 		for i := range reqs {
 			if got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {
@@ -254,18 +243,7 @@ func TestTinyOverlapEqualsInLine(t *testing.T) {
 		if len(e.m.voiceNames) > 1 {
 			reqs[5].Voice = e.m.voiceNames[1]
 		}
-		out := make([]result, len(reqs))
-		var wg sync.WaitGroup
-		for i, req := range reqs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				time.Sleep(time.Duration(i%3) * 20 * time.Millisecond)
-				out[i] = run(t, e, req)
-			}()
-		}
-		wg.Wait()
-		return out
+		return runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i%3) * 20 * time.Millisecond })
 	}
 	inLine, _ := tinyCountingEngine(t, 4, tts.EngineOptions{}, false)
 	want := batched(inLine)
