@@ -395,14 +395,15 @@ func (s *scheduler) join() error {
 		if from < 0 {
 			// After compaction the slots above the streams are free, and there are enough of them:
 			// k ≤ max_inflight - live, rows ≤ k + prefillSpare.
-			if err := s.compact(); err != nil {
+			err := s.compact()
+			if from = s.freeRun(rows); err == nil && from < 0 {
+				err = fmt.Errorf("no %d adjacent free slots for a prefill of %d requests beside %d streams", rows, k, s.live)
+			}
+			if err != nil {
 				for _, r := range reqs {
 					r.finish(err)
 				}
 				return err
-			}
-			if from = s.freeRun(rows); from < 0 {
-				return fmt.Errorf("no %d adjacent free slots for a prefill of %d requests beside %d streams", rows, k, s.live)
 			}
 		}
 		s.prefill(from, reqs[:k], rows)
@@ -543,9 +544,21 @@ func (s *scheduler) step() {
 		last bool
 	}
 	to := make([]delivery, n)
+	live := s.live
 	for b, r := range s.rows[:n] {
-		if r != nil {
-			to[b] = delivery{r: r.r, last: ends(r.i, r.stop, m.Generation.MinLen, r.r.bound)}
+		if r == nil {
+			continue
+		}
+		to[b] = delivery{r: r.r, last: ends(r.i, r.stop, m.Generation.MinLen, r.r.bound)}
+		copy(r.cond, out.patch[b*PD:(b+1)*PD])
+		copy(r.mu, out.nextMu[b*H:(b+1)*H])
+		copy(r.stop[:], out.nextStop[2*b:2*b+2])
+		r.pos++
+		r.i++
+		if to[b].last {
+			// Its slot is free for the next join (before the decode ends the request: one that
+			// has returned holds no slot); its audio is the decode's to hand out.
+			s.free(b)
 		}
 	}
 	if s.decoding != nil {
@@ -553,7 +566,7 @@ func (s *scheduler) step() {
 	}
 	done := make(chan struct{})
 	s.decoding = done
-	live, patch := s.live, out.patch
+	patch := out.patch
 	s.onVAE(func() error {
 		defer close(done)
 		t1 := time.Now()
@@ -581,18 +594,4 @@ func (s *scheduler) step() {
 		}
 		return nil
 	})
-	for b, r := range s.rows[:n] {
-		if r == nil {
-			continue
-		}
-		copy(r.cond, out.patch[b*PD:(b+1)*PD])
-		copy(r.mu, out.nextMu[b*H:(b+1)*H])
-		copy(r.stop[:], out.nextStop[2*b:2*b+2])
-		r.pos++
-		r.i++
-		if to[b].last {
-			// Its slot is free for the next join; its audio is the decode's to hand out.
-			s.free(b)
-		}
-	}
 }

@@ -315,7 +315,7 @@ func (f *failingDecode) decode(n int, patch []float32) ([]float32, error) {
 func TestEngineJoinsInGroups(t *testing.T) {
 	m := fakeManifest()
 	e, f := fakeEngine(t, m, 16)
-	f.stepDelay = 20 * time.Millisecond
+	f.stepDelay = time.Millisecond
 	first := make(chan struct{})
 	var once sync.Once
 	go e.Synthesize(context.Background(), tts.Request{Text: texts[1]}, func(tts.Chunk) error {
@@ -328,6 +328,14 @@ func TestEngineJoinsInGroups(t *testing.T) {
 		reqs = append(reqs, tts.Request{Text: texts[i%len(texts)] + strings.Repeat("?", i), Seed: uint64(i)})
 	}
 	want := aloneResults(t, m, reqs)
+	// The steps wait while the burst arrives.
+	gate := make(chan struct{})
+	f.mu.Lock()
+	f.gate = gate
+	f.mu.Unlock()
+	for !f.gated.Load() {
+		time.Sleep(time.Millisecond)
+	}
 	got := make([]result, len(reqs))
 	var wg sync.WaitGroup
 	for i, req := range reqs {
@@ -337,6 +345,11 @@ func TestEngineJoinsInGroups(t *testing.T) {
 			got[i] = run(t, e, req)
 		}()
 	}
+	time.Sleep(200 * time.Millisecond)
+	f.mu.Lock()
+	f.gate = nil
+	f.mu.Unlock()
+	close(gate)
 	wg.Wait()
 	for i := range reqs {
 		if got[i].err != nil || maxDiff(got[i].pcm(), want[i].pcm()) != 0 {

@@ -24,11 +24,14 @@ type fakeRunner struct {
 	stepping    atomic.Bool
 	overlaps    atomic.Int64
 	mu          sync.Mutex
-	calls       []string
-	maxRows     int   // the most slots a step ran over
-	failStep    error // when set, steps fail with it
-	closed      bool
-	primed      map[int][]float32 // each slot's last priming context
+	// gate, when set, holds every step until it closes; gated is set once a step waits there.
+	gate     chan struct{}
+	gated    atomic.Bool
+	calls    []string
+	maxRows  int   // the most slots a step ran over
+	failStep error // when set, steps fail with it
+	closed   bool
+	primed   map[int][]float32 // each slot's last priming context
 }
 
 // newFakeRunner makes a fake of most slots, all allocated now: the scheduler's goroutine uses kv
@@ -131,6 +134,13 @@ func (f *fakeRunner) step(in *stepIn) (*stepOut, error) {
 	}
 	if in.n > len(f.kv) {
 		return nil, fmt.Errorf("fake: step over %d slots of %d", in.n, len(f.kv))
+	}
+	f.mu.Lock()
+	gate := f.gate
+	f.mu.Unlock()
+	if gate != nil {
+		f.gated.Store(true)
+		<-gate
 	}
 	f.stepping.Store(true)
 	time.Sleep(f.stepDelay)

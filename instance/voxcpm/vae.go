@@ -25,8 +25,8 @@ import (
 // a decode reads rows [0, B) of states[cur] and writes rows [0, B) of the other, which then
 // becomes cur. A graph's output may not overwrite its input in place (a convolution's state_out
 // is written while its state is still read), hence the two; a graph alternates between them as
-// two captured graphs, each of fixed addresses. The buffers are allocated once, for the largest
-// bucket, and never move.
+// two captured graphs, each of fixed addresses. The buffers are allocated once, for every slot,
+// and never move.
 type vaeGraphs struct {
 	m      *Manifest
 	s      *iobind.Session
@@ -70,9 +70,11 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 		}
 	}()
 	// The vocoder's CUDA options (prefer_nhwc: channels-last convolutions, which ran the staged
-	// family's vocoder 14-19% faster); cudnn_conv_algo_search stays the runtime's (DEFAULT unless
-	// provider_options say otherwise): EXHAUSTIVE plans for about a second and a half per shape,
-	// paid again by every change of bucket outside graphs and by each voice's priming, and
+	// family's vocoder 14-19% faster). Should it leave layout nodes to the CPU, as it did for the
+	// staged flow's graphs, ONNX Runtime runs the buckets uncaptured; provider_options
+	// {prefer_nhwc: "0"} tells the two apart. cudnn_conv_algo_search stays the runtime's (DEFAULT
+	// unless provider_options say otherwise): EXHAUSTIVE plans for about a second and a half per
+	// shape, paid again by every change of bucket outside graphs and by each voice's priming, and
 	// HEURISTIC failed to initialise for a dilated convolution (cuDNN 9.14), which the VAE's
 	// residual units are.
 	p := rt.Placement()
