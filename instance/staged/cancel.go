@@ -74,10 +74,7 @@ func (e *Engine) release(s *stream) {
 // it ends after its audio is complete, or failed). The returned func stops watching.
 func (e *Engine) watchCancel(s *stream) func() bool {
 	return context.AfterFunc(s.ctx, func() {
-		s.mu.Lock()
-		ended := s.closed && !isCancel(s.err)
-		s.mu.Unlock()
-		if ended || s.held.Load() == 0 {
+		if closed, err := s.out.Ended(); (closed && !isCancel(err)) || s.held.Load() == 0 {
 			return
 		}
 		s.cancelStep.Store(e.steps.Load() + 1)

@@ -165,7 +165,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	for cur := 0; cur < len(segs); cur++ {
 		s := started[cur]
 		for {
-			chunks, closed, err := s.take()
+			chunks, closed, err := s.out.Take()
 			for _, c := range chunks {
 				if err := s.ctx.Err(); err != nil {
 					return err // cancelled while several chunks were waiting: emit no more
@@ -188,7 +188,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 				lmDone = s.lmDone
 			}
 			select {
-			case <-s.notify:
+			case <-s.out.Ready():
 			case <-lmDone:
 				if err := start(); err != nil {
 					return err
@@ -268,20 +268,17 @@ type stream struct {
 	// 1 + the decode steps started when its request was cancelled; 0: not cancelled.
 	cancelStep atomic.Int64
 
-	// Output, handed from the vocoder loop to Synthesize.
-	mu     sync.Mutex
-	out    []tts.Chunk
-	next   int
-	closed bool
-	err    error
-	notify chan struct{}
+	// Output, handed from the vocoder loop to Synthesize; next is the index of the stream's next
+	// chunk, owned by the vocoder loop.
+	out  engine.Output
+	next int
 }
 
 // newStream makes the stream of segment i of req, whose text is seg and prompt prompt (in voice,
 // segTokens of it the segment's text).
 func (e *Engine) newStream(ctx context.Context, req tts.Request, voice *Voice, seg string, prompt []int64, segTokens, i int) *stream {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, voice: voice, notify: make(chan struct{}, 1), lmDone: make(chan struct{})}
+	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, voice: voice, lmDone: make(chan struct{})}
 	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, segTokens)
 	if lim := e.p.lm.limit(); lim > 0 {
 		s.maxTok = min(s.maxTok, lim-len(prompt))
@@ -296,36 +293,13 @@ func (e *Engine) newStream(ctx context.Context, req tts.Request, voice *Voice, s
 func (s *stream) leftLM() { s.lmOnce.Do(func() { close(s.lmDone) }) }
 
 func (s *stream) push(pcm []float32, rate int, text tts.TextSpan) {
-	s.mu.Lock()
-	s.out = append(s.out, tts.Chunk{PCM: pcm, SampleRate: rate, Index: s.next, Text: &text})
+	s.out.Push(tts.Chunk{PCM: pcm, SampleRate: rate, Index: s.next, Text: &text})
 	s.next++
-	s.mu.Unlock()
-	s.wake()
 }
 
 func (s *stream) finish(err error) {
 	s.leftLM()
-	s.mu.Lock()
-	if !s.closed {
-		s.closed, s.err = true, err
-	}
-	s.mu.Unlock()
-	s.wake()
-}
-
-func (s *stream) take() ([]tts.Chunk, bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := s.out
-	s.out = nil
-	return out, s.closed, s.err
-}
-
-func (s *stream) wake() {
-	select {
-	case s.notify <- struct{}{}:
-	default:
-	}
+	s.out.Finish(err)
 }
 
 // The marks on a request's way to its first audio.

@@ -28,10 +28,7 @@ func (e *Engine) CancelStats() tts.CancelStats { return e.cancels.Stats() }
 // func stops watching.
 func (e *Engine) watchCancel(r *request) func() bool {
 	return context.AfterFunc(r.ctx, func() {
-		r.mu.Lock()
-		ended := r.closed
-		r.mu.Unlock()
-		if !ended {
+		if ended, _ := r.out.Ended(); !ended {
 			r.cancelAt.CompareAndSwap(0, time.Now().UnixNano())
 		}
 	})

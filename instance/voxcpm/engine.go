@@ -128,11 +128,7 @@ type request struct {
 	cancelAt atomic.Int64
 
 	// Output, from the scheduler to Synthesize.
-	mu     sync.Mutex
-	out    []tts.Chunk
-	closed bool
-	err    error
-	notify chan struct{}
+	out engine.Output
 }
 
 // context is the voice's last vae.context_patches patches, which prime the VAE state; nil
@@ -146,36 +142,9 @@ func (r *request) context(m *Manifest) []float32 {
 	return v.latents[(v.patches-k)*m.patchFloats():]
 }
 
-func (r *request) push(c tts.Chunk) {
-	r.mu.Lock()
-	r.out = append(r.out, c)
-	r.mu.Unlock()
-	r.wake()
-}
+func (r *request) push(c tts.Chunk) { r.out.Push(c) }
 
-func (r *request) finish(err error) {
-	r.mu.Lock()
-	if !r.closed {
-		r.closed, r.err = true, err
-	}
-	r.mu.Unlock()
-	r.wake()
-}
-
-func (r *request) take() ([]tts.Chunk, bool, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := r.out
-	r.out = nil
-	return out, r.closed, r.err
-}
-
-func (r *request) wake() {
-	select {
-	case r.notify <- struct{}{}:
-	default:
-	}
-}
+func (r *request) finish(err error) { r.out.Finish(err) }
 
 // Synthesize runs req and calls emit with each patch's audio, in order, as soon as it is
 // decoded. It returns when the audio is complete, emit fails or ctx ends.
@@ -201,7 +170,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // a request that returns early (emit failed) leaves its slot
 	r := &request{ctx: ctx, p: p, bound: bound, seed: req.Seed, cfg: e.m.Generation.CFGValue,
-		arrived: time.Now(), notify: make(chan struct{}, 1)}
+		arrived: time.Now()}
 	defer e.watchCancel(r)()
 	select {
 	case <-e.done:
@@ -211,7 +180,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	e.queue.Push(r)
 	index := 0
 	for {
-		chunks, closed, err := r.take()
+		chunks, closed, err := r.out.Take()
 		for _, c := range chunks {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -226,7 +195,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 			return err
 		}
 		select {
-		case <-r.notify:
+		case <-r.out.Ready():
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-e.done:

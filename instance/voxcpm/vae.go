@@ -10,7 +10,7 @@ import (
 
 // vaeGraphs run the streaming VAE decoder (vae_decoder.onnx) over the slots' states.
 //
-// A decode runs in the step's bucket batch sizes (stepBuckets): the smallest bucket of at least
+// A decode runs in the step's bucket batch sizes (engine.Buckets): the smallest bucket of at least
 // the n rows a step ran, its rows past n free slots fed zero latents, their state rows scratch
 // (a stream that joins a slot primes its row first). Each bucket has its own latent and audio
 // tensors and two runs bound once, one per direction of the state buffers, each warmed at load
