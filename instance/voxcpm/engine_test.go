@@ -153,13 +153,7 @@ func TestNoise(t *testing.T) {
 // aloneResults runs each request by itself.
 func aloneResults(t *testing.T, m *Manifest, reqs []tts.Request) []result {
 	e, _ := fakeEngine(t, m, 1)
-	out := make([]result, len(reqs))
-	for i, req := range reqs {
-		if out[i] = run(t, e, req); out[i].err != nil {
-			t.Fatal(out[i].err)
-		}
-	}
-	return out
+	return runAlone(t, e, reqs)
 }
 
 // Requests run together, joining and leaving at different steps (compaction moving streams
@@ -173,18 +167,8 @@ func TestEngineBatchedEqualsAlone(t *testing.T) {
 	want := aloneResults(t, m, reqs)
 	e, f := fakeEngine(t, m, 8)
 	f.stepDelay = time.Millisecond
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// Waves, so that streams also leave holes no arrival fills.
-			time.Sleep(time.Duration(i/8*30+i%3) * time.Millisecond)
-			got[i] = run(t, e, req)
-		}()
-	}
-	wg.Wait()
+	// Waves, so that streams also leave holes no arrival fills.
+	got := runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i/8*30+i%3) * time.Millisecond })
 	moved := 0
 	for _, c := range f.callLog() {
 		if strings.HasPrefix(c, "move") {
@@ -239,28 +223,13 @@ func TestEngineOverlapEqualsInLine(t *testing.T) {
 	f := newFakeRunner(m, 1+prefillSpare)
 	inLine := startEngine(m, byteTokenizer{}, f, 1, false)
 	t.Cleanup(func() { inLine.Close() })
-	want := make([]result, len(reqs))
-	for i, req := range reqs {
-		if want[i] = run(t, inLine, req); want[i].err != nil {
-			t.Fatal(want[i].err)
-		}
-	}
+	want := runAlone(t, inLine, reqs)
 	if f.overlaps.Load() != 0 {
 		t.Fatal("in line, a decode ran beside a step")
 	}
 	e, g := fakeEngine(t, m, 6)
 	g.stepDelay, g.decodeDelay = 2*time.Millisecond, 2*time.Millisecond
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, req := range reqs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			time.Sleep(time.Duration(i/6*25+i%4) * time.Millisecond)
-			got[i] = run(t, e, req)
-		}()
-	}
-	wg.Wait()
+	got := runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i/6*25+i%4) * time.Millisecond })
 	for i := range reqs {
 		if got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || maxDiff(got[i].pcm(), want[i].pcm()) != 0 {
 			t.Fatalf("request %d: %v, %d patches (%d in line), audio %g from in line", i, got[i].err,
@@ -389,24 +358,11 @@ func TestEngineCancel(t *testing.T) {
 	m := fakeManifest()
 	e, f := fakeEngine(t, m, 4)
 	f.stepDelay = 2 * time.Millisecond
-	ctx, cancel := context.WithCancel(context.Background())
-	got := 0
-	err := e.Synthesize(ctx, tts.Request{Text: strings.Repeat("long text ", 5)}, func(tts.Chunk) error {
-		if got++; got == 2 {
-			cancel()
-		}
-		return nil
-	})
+	err := cancelAfter(e, tts.Request{Text: strings.Repeat("long text ", 5)}, 2)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled request returned %v", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for e.Slots() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d slots still held after the cancel", e.Slots())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitSlotsFree(t, e, 5*time.Second, "the cancel")
 	if c := e.CancelStats(); c.Count != 1 {
 		t.Fatalf("cancel stats %+v, want one cancel", c)
 	}
@@ -420,12 +376,7 @@ func TestEngineCancel(t *testing.T) {
 	if err := e.Synthesize(context.Background(), tts.Request{Text: texts[1]}, func(tts.Chunk) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("failed emit returned %v", err)
 	}
-	for e.Slots() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d slots still held after a failed emit", e.Slots())
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitSlotsFree(t, e, 5*time.Second, "a failed emit")
 }
 
 // A step that fails fails every running request, and the engine goes on with the next.

@@ -54,13 +54,13 @@ func cancelAfter(e *Engine, req tts.Request, n int) error {
 	})
 }
 
-// waitSlotsFree fails t unless every slot of e is free within d.
-func waitSlotsFree(t *testing.T, e *Engine, d time.Duration) {
+// waitSlotsFree fails t unless every slot of e is free within d; after says after what.
+func waitSlotsFree(t *testing.T, e *Engine, d time.Duration, after string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for e.Slots() != 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d slots still held after the cancel", e.Slots())
+			t.Fatalf("%d slots still held after %s", e.Slots(), after)
 		}
 		time.Sleep(time.Millisecond)
 	}

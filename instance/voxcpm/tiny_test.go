@@ -177,7 +177,7 @@ func TestTinyCancel(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled request: %v", err)
 	}
-	waitSlotsFree(t, e, 10*time.Second)
+	waitSlotsFree(t, e, 10*time.Second, "the cancel")
 	if got := run(t, e, req); got.err != nil || closeTo(got, want) > 1e-4 {
 		t.Fatalf("the request after a cancel: %v, %g from before", got.err, closeTo(got, want))
 	}
