@@ -10,4 +10,7 @@
 // torchaudio.load gives them; nothing here rescales by 32768.
 //
 // Spectra are computed in float64 and returned as float32.
+//
+// ClipSpeech checks a reference clip and trims its silence for every family that makes voices
+// from clips.
 package voicefeat
