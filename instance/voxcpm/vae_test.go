@@ -247,18 +247,24 @@ func TestTinyOverlapEqualsInLine(t *testing.T) {
 	}
 	inLine, _ := tinyCountingEngine(t, 4, tts.EngineOptions{}, false)
 	want := batched(inLine)
-	e, c := tinyCountingEngine(t, 4, tts.EngineOptions{LMCUDAGraph: "fixed"}, true)
-	got := batched(e)
+	// Whether a stream moves depends on when requests arrive and finish, which a loaded machine
+	// shifts; every attempt must equal in line, and some attempt must have moved a stream.
 	var worst float64
-	for i := range reqs {
-		if want[i].err != nil || got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {
-			t.Fatalf("request %d: in line %v, beside the steps %v, %d patches (%d in line), %g apart", i, want[i].err, got[i].err,
-				len(got[i].chunks), len(want[i].chunks), closeTo(got[i], want[i]))
+	var moves int64
+	for attempt := 0; attempt < 3 && moves == 0; attempt++ {
+		e, c := tinyCountingEngine(t, 4, tts.EngineOptions{LMCUDAGraph: "fixed"}, true)
+		got := batched(e)
+		for i := range reqs {
+			if want[i].err != nil || got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {
+				t.Fatalf("request %d: in line %v, beside the steps %v, %d patches (%d in line), %g apart", i, want[i].err, got[i].err,
+					len(got[i].chunks), len(want[i].chunks), closeTo(got[i], want[i]))
+			}
+			worst = max(worst, closeTo(got[i], want[i]))
 		}
-		worst = max(worst, closeTo(got[i], want[i]))
+		moves = c.moves.Load()
 	}
-	if c.moves.Load() == 0 {
-		t.Fatal("no stream moved: the test does not cover compaction beside a decode")
+	if moves == 0 {
+		t.Fatal("no stream moved in 3 attempts: the test does not cover compaction beside a decode")
 	}
-	t.Logf("beside the steps at most %g from in line (%d moves)", worst, c.moves.Load())
+	t.Logf("beside the steps at most %g from in line (%d moves)", worst, moves)
 }
