@@ -2,6 +2,7 @@ package voxcpm
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -115,6 +116,9 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 		if g.c, err = newCaches(m, g.stepS, rows, false); err != nil {
 			return nil, err
 		}
+		if err := g.checkPrefill(); err != nil {
+			return nil, err
+		}
 		return g, g.warmPrefillOn(rt, slots)
 	}
 	g.sg = &stepGraphs{thread: ort.NewThread()}
@@ -131,7 +135,43 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 	if err := g.openStepGraphs(buckets); err != nil {
 		return nil, fmt.Errorf("graphs.step (lm_cuda_graph %s): %w", mode, err)
 	}
+	if err := g.checkPrefill(); err != nil {
+		return nil, err
+	}
 	return g, g.warmPrefillOn(rt, slots)
+}
+
+// checkPrefill checks that prefill.onnx takes each row's outputs at its own last position, which
+// the engine's right-padded prefills need: an export from before batched prefills took them at
+// the batch's last position, a padding position, and would give every request wrong audio. A
+// one-position prompt alone and padded to prefillStep positions must give the same mu, within a
+// tenth of its largest value: float16 rounding is far less, the position of a padded row's last
+// token far more. No stream is in the caches yet.
+func (g *graphs) checkPrefill() error {
+	m := g.m
+	if err := g.c.reserve(1); err != nil {
+		return fmt.Errorf("prefill check: %w", err)
+	}
+	p := []*prompt{{ids: []int64{*m.Tokenizer.AudioStart}}}
+	var mus [2][]float32
+	for i, T := range []int{1, prefillStep} {
+		ids, textMask, feat, featMask, seqlens := m.prefillBatch(p, 1, T)
+		mu, _, err := g.runPrefill(0, 1, T, ids, textMask, feat, featMask, seqlens)
+		if err != nil {
+			return fmt.Errorf("prefill check: %w", err)
+		}
+		mus[i] = mu
+	}
+	var scale, diff float64
+	for i, x := range mus[0] {
+		scale = max(scale, math.Abs(float64(x)))
+		diff = max(diff, math.Abs(float64(x)-float64(mus[1][i])))
+	}
+	if !(diff <= 0.1*scale) {
+		return fmt.Errorf("graphs.prefill: %s gives a prompt padded to %d positions a mu %g from its mu alone (largest value %g): it does not take each row's outputs at its own last position (seqlens_k); export it again with scripts/export_voxcpm.py (docs/voxcpm.md)",
+			m.Path(m.Graphs.Prefill), prefillStep, diff, scale)
+	}
+	return nil
 }
 
 // warmPrefillOn warms the prefill shapes on a GPU. The CPU has no comparable cost of a first run
