@@ -108,7 +108,7 @@ func writeExport(t *testing.T, edit func(string) string, graphs func(key string,
 	if err := os.MkdirAll(vdir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	writeVoice(t, vdir, "text: Said in the clip.\npatches: 3\n", 3*6)
+	writeVoice(t, vdir, "text: Said in the clip.\nlatents: latents.f32\nlatent_dim: 3\n", 3*6)
 	return path
 }
 
@@ -226,12 +226,11 @@ func TestVoiceErrors(t *testing.T) {
 		floats int
 		want   string
 	}{
-		{"text: x\npatches: 3\n", 17, "not a positive whole number of patches"},
-		{"text: x\npatches: 4\n", 18, "patches: is 4, but latents.f32 holds 3 patches"},
-		{"text: x\nlatent_dim: 8\n", 18, "latent_dim: is 8, the model's feat_dim is 3"},
+		{"text: x\nlatents: latents.f32\nlatent_dim: 3\n", 15, "not a positive whole number of patches"},
+		{"text: x\nlatents: latents.f32\nlatent_dim: 8\n", 16, "latent_dim: is 8, the model's feat_dim is 3"},
 		{"text: x\nmel: mel.f32\n", 18, "mel"},
-		{"patches: 3\n", 18, "text is empty"},
-		{"text: x\nlatents: ../x.f32\n", 18, "not a file of the voice's folder"},
+		{"latents: latents.f32\nlatent_dim: 3\n", 18, "text is empty"},
+		{"text: x\nlatents: ../x.f32\nlatent_dim: 3\n", 18, "not a file of the voice's folder"},
 	}
 	for _, c := range cases {
 		path := writeExport(t, same, nil)
