@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"sync"
 
 	"github.com/voxmux/voxmux/tts"
@@ -45,6 +46,25 @@ func (o *Output) Take() ([]tts.Chunk, bool, error) {
 	out := o.out
 	o.out = nil
 	return out, o.closed, o.err
+}
+
+// Drain emits the chunks pushed since the last Take or Drain, numbering them from *index on,
+// and reports whether the output has ended. Its error is the first of: ctx's (checked before
+// each chunk, so a request cancelled while several waited emits no more), emit's, and the
+// error the output ended with.
+func (o *Output) Drain(ctx context.Context, index *int, emit func(tts.Chunk) error) (bool, error) {
+	chunks, closed, err := o.Take()
+	for _, c := range chunks {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		c.Index = *index
+		*index++
+		if err := emit(c); err != nil {
+			return false, err
+		}
+	}
+	return closed, err
 }
 
 // Ended reports whether the output has ended, and with what error.

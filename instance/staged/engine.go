@@ -165,18 +165,8 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	for cur := 0; cur < len(segs); cur++ {
 		s := started[cur]
 		for {
-			chunks, closed, err := s.out.Take()
-			for _, c := range chunks {
-				if err := s.ctx.Err(); err != nil {
-					return err // cancelled while several chunks were waiting: emit no more
-				}
-				c.Index = index
-				index++
-				if err := emit(c); err != nil {
-					return err
-				}
-			}
-			if closed && err != nil {
+			closed, err := s.out.Drain(s.ctx, &index, emit)
+			if err != nil {
 				return err
 			}
 			if closed {

@@ -180,18 +180,8 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	e.queue.Push(r)
 	index := 0
 	for {
-		chunks, closed, err := r.out.Take()
-		for _, c := range chunks {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			c.Index = index
-			index++
-			if err := emit(c); err != nil {
-				return err
-			}
-		}
-		if closed {
+		closed, err := r.out.Drain(ctx, &index, emit)
+		if err != nil || closed {
 			return err
 		}
 		select {
