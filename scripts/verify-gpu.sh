@@ -249,7 +249,7 @@ PY
 # 64 (10.24 s): the baseline through --max-patches/--ignore-stop, voxmux through a copy of the
 # manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP. Responses
 # are FORMAT (default wav: at the model's 44.1 kHz, which a build without FFmpeg serves; pcm is
-# resampled to 24 kHz and needs FFmpeg).
+# resampled to 24 kHz and needs FFmpeg). BASELINE=0 leaves the baseline out (voxmux alone).
 voxbench() {
   local model=${VOX_MODEL:?set VOX_MODEL to the published-format VoxCPM 1.5 directory} vox=${VOX:-/tmp/vox}
   local cap=${CAP:-64} stop=() manifest
@@ -273,16 +273,21 @@ groups:
 YAML
   "$bin" serve --config "$logs/vox.yaml" > "$logs/vox.log" 2>&1 &
   local vpid=$!
-  local voices=()
+  local voices=() bpid="" compare=()
   [ -d "$vox/voices" ] && voices=(--voices "$vox/voices")
-  python3 "$repo/scripts/baseline_voxcpm.py" --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
-    --port 8087 --workers 1 --dtype "${BASE_DTYPE:-bfloat16}" --max-patches "$cap" "${stop[@]}" > "$logs/vox-baseline.log" 2>&1 &
-  local bpid=$!
+  if [ "${BASELINE:-1}" = 1 ]; then
+    python3 "$repo/scripts/baseline_voxcpm.py" --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
+      --port 8087 --workers 1 --dtype "${BASE_DTYPE:-bfloat16}" --max-patches "$cap" "${stop[@]}" > "$logs/vox-baseline.log" 2>&1 &
+    bpid=$!
+    compare=(--compare http://127.0.0.1:8087 --compare-concurrency "${BASE_LEVELS:-1}")
+  fi
   wait_ready http://127.0.0.1:8086 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/vox.log"; kill $vpid $bpid; return 1; }
-  # The baseline compiles with torch.compile before it is ready (minutes).
-  wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
-  grep -h "worker warm" "$logs/vox-baseline.log"
-  "$bin" bench --url http://127.0.0.1:8086 --compare http://127.0.0.1:8087 --compare-concurrency ${BASE_LEVELS:-1} \
+  if [ -n "$bpid" ]; then
+    # The baseline compiles with torch.compile before it is ready (minutes).
+    wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
+    grep -h "worker warm" "$logs/vox-baseline.log"
+  fi
+  "$bin" bench --url http://127.0.0.1:8086 "${compare[@]}" \
     --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
     --voice "${VOICE:-default}" --quiet \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)" \
