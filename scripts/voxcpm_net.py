@@ -879,21 +879,21 @@ class StepGraph(_SharedCacheGraph):
 
 class _Before(torch.autograd.Function):
     """torch.cat([st, x], dim=-1), st of n samples, exported as two Pads and an Add (adding zeros
-    is exact), the Pads' amounts a constant and x's length: ONNX Runtime's CUDA Concat of unequal
-    parts reads a table it stages in host memory, which a CUDA graph's replay reads stale (the
-    step's and CosyVoice3's Concats replayed NaN), and the VAE decoder is captured per batch size
-    (lm_cuda_graph on). torch's own export of F.pad computes even constant amounts at run time
-    from the input's shape, a chain of small host nodes per Pad."""
+    is exact), the Pads' amounts constants: x's length is the export's (the VAE decoder is
+    exported for one patch of frames). ONNX Runtime's CUDA Concat of unequal parts reads a table
+    it stages in host memory, which a CUDA graph's replay reads stale (the step's and
+    CosyVoice3's Concats replayed NaN), and the VAE decoder is captured per batch size
+    (lm_cuda_graph on). Amounts computed from x's shape (Shape, Concat) would be host nodes, and
+    ONNX Runtime refuses to capture a session that has any. torch's own export of F.pad computes
+    even constant amounts at run time from the input's shape."""
 
     @staticmethod
-    def forward(ctx, st, x, n, rank):
-        return F.pad(st, (0, x.shape[-1])) + F.pad(x, (n, 0))
+    def forward(ctx, st, x, n, rank, length):
+        return F.pad(st, (0, length)) + F.pad(x, (n, 0))
 
     @staticmethod
-    def symbolic(g, st, x, n, rank):
-        t = g.op("Shape", x, start_i=rank - 1)
-        head = g.op("Constant", value_t=torch.zeros(2 * rank - 1, dtype=torch.int64))
-        right = g.op("Pad", st, g.op("Concat", head, t, axis_i=0))
+    def symbolic(g, st, x, n, rank, length):
+        right = g.op("Pad", st, g.op("Constant", value_t=_pads(rank, 0, length)))
         left = g.op("Pad", x, g.op("Constant", value_t=_pads(rank, n, 0)))
         return g.op("Add", right, left)
 
@@ -916,8 +916,9 @@ def _pads(rank, before, after):
 
 
 def before(st, x, n):
-    """torch.cat([st, x], dim=-1) for st of n samples, without a Concat (_Before)."""
-    return _Before.apply(st, x, n, x.dim())
+    """torch.cat([st, x], dim=-1) for st of n samples, without a Concat (_Before); an export
+    fixes x's length."""
+    return _Before.apply(st, x, n, x.dim(), int(x.shape[-1]))
 
 
 def join_flat(parts, sizes):
