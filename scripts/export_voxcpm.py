@@ -389,15 +389,22 @@ def check_no_float_concat(path):
         raise SystemExit("%s: Concat of float tensors (or of unknown type): %s" % (path, bad[:5]))
 
 
-def check_no_shape_nodes(path):
-    """The graph reads no tensor's shape at run time: ONNX Runtime computes Shape and the
-    arithmetic on it on the CPU, and refuses CUDA graph capture (lm_cuda_graph on) for a session
-    with any node off the GPU."""
+def check_capturable(path):
+    """What the VAE decoder's CUDA graphs (lm_cuda_graph on) need of the graph beyond
+    check_no_float_concat: it reads no tensor's shape at run time (ONNX Runtime computes Shape and
+    the arithmetic on it on the CPU, and captures no session with a node off the GPU), and no
+    tensor feeds several Slices (ONNX Runtime fuses them into one Split, whose CUDA kernel stages
+    unequal sizes in host memory, read stale by a replay)."""
+    import collections
     import onnx
     m = onnx.load(path, load_external_data=False)
     bad = [n.name for n in m.graph.node if n.op_type in ("Shape", "Size")]
     if bad:
         raise SystemExit("%s: reads shapes at run time (%d nodes, e.g. %s)" % (path, len(bad), bad[:3]))
+    slices = collections.Counter(n.input[0] for n in m.graph.node if n.op_type == "Slice")
+    many = [t for t, k in slices.items() if k > 1]
+    if many:
+        raise SystemExit("%s: tensors sliced several times, which ONNX Runtime fuses into a Split: %s" % (path, many[:3]))
 
 
 def export_vae(vae, cfg, out, device):
@@ -409,7 +416,7 @@ def export_vae(vae, cfg, out, device):
            path, ["latent", "state"], ["audio", "state_out"],
            {"latent": {0: "B"}, "state": {0: "B"}, "audio": {0: "B"}, "state_out": {0: "B"}})
     check_no_float_concat(path)
-    check_no_shape_nodes(path)
+    check_capturable(path)
     n = 2 * cfg.patch_size * cfg.vae.chunk_size
     export(net.VAEEncoder(vae), (torch.randn(1, n, device=device) * 0.1,), os.path.join(out, "vae_encoder.onnx"),
            ["audio"], ["latent"], {"audio": {0: "B", 1: "N"}, "latent": {0: "B", 1: "F"}})

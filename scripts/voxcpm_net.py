@@ -1117,13 +1117,19 @@ class _Recorder:
 
 
 class _Slicer:
+    """Hands each convolution its piece of the flat state. The pieces are Gathers of constant
+    index ranges, not Slices: ONNX Runtime fuses Slices of one tensor into a Split, whose CUDA
+    kernel stages unequal piece sizes in host memory, which a CUDA graph's replay reads stale (the
+    captured VAE decoder replayed NaN)."""
+
     def __init__(self, state, layout):
         self.state, self.layout, self.i, self.off, self.out = state, layout, 0, 0, []
 
     def take(self, channels, samples):
         assert self.layout[self.i] == (channels, samples)
         n = channels * samples
-        t = self.state[:, self.off:self.off + n].reshape(-1, channels, samples)
+        idx = torch.arange(self.off, self.off + n, device=self.state.device)
+        t = self.state.index_select(1, idx).reshape(-1, channels, samples)
         self.i, self.off = self.i + 1, self.off + n
         return t
 

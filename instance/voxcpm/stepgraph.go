@@ -51,13 +51,13 @@ type stepBucket struct {
 	patch, nextMu, nextStop        *iobind.Tensor // device outputs
 	total                          *iobind.Tensor // host scalar
 	cache                          []*iobind.Tensor
-	run                            *iobind.Bound
+	run                            boundRun
 	hMu, hCond, hNoise, hCfg, hSeq *iobind.Pinned
 	hPatch, hNextMu, hNextStop     *iobind.Pinned
 }
 
 func (b *stepBucket) release() {
-	b.run.Close()
+	b.run.run.Close()
 	for _, p := range []*iobind.Pinned{b.hMu, b.hCond, b.hNoise, b.hCfg, b.hSeq, b.hPatch, b.hNextMu, b.hNextStop} {
 		p.Free()
 	}
@@ -107,7 +107,7 @@ func (g *graphs) newStepBucket(id, B int) (_ *stepBucket, err error) {
 		"seqlens_k": b.seqlens, "total_sequence_length": b.total}
 	outs := g.bindCache(in, []iobind.Output{{Name: "patch", Into: b.patch}, {Name: "next_mu", Into: b.nextMu},
 		{Name: "next_stop_logits", Into: b.nextStop}}, b.cache)
-	if b.run, err = s.Bind(in, outs, id); err != nil {
+	if b.run, err = bind(s, in, outs, id); err != nil {
 		return nil, err
 	}
 	return b, nil
@@ -124,12 +124,46 @@ func (g *graphs) openStepGraphs(buckets []int) error {
 		}
 		g.sg.buckets = append(g.sg.buckets, b)
 		for range 3 {
-			if err := g.sg.thread.Do(b.run.Run); err != nil {
+			if err := g.sg.thread.Do(b.run.run.Run); err != nil {
 				return fmt.Errorf("step graph of %d rows: %w", B, err)
 			}
 		}
 	}
+	if g.stepS.Placement().CUDAGraph {
+		// The first graph captured and the last, as the VAE decoder's (openVAE).
+		for _, b := range []*stepBucket{g.sg.buckets[0], g.sg.buckets[len(g.sg.buckets)-1]} {
+			if err := g.checkStepCapture(b); err != nil {
+				return err
+			}
+		}
+	}
 	return nil
+}
+
+// checkStepCapture compares bucket b's captured step with an uncaptured one (checkCapture),
+// every row attending to a few cache positions. What the runs write into the caches is never
+// read: no stream is in them yet.
+func (g *graphs) checkStepCapture(b *stepBucket) error {
+	m, n := g.m, b.B
+	mu := randomFloats(n*m.DiTHidden, 1, uint64(n))
+	cond := randomFloats(n*m.patchFloats(), 1, uint64(n)+1)
+	noise := randomFloats(n*m.patchFloats(), 1, uint64(n)+2)
+	cfg, seqlens := make([]float32, n), make([]int32, n)
+	for i := range n {
+		cfg[i], seqlens[i] = 2, int32(min(1+i%8, m.LM.MaxPositions-1))
+	}
+	set := func() error {
+		for _, u := range []struct {
+			t *iobind.Tensor
+			v any
+		}{{b.mu, mu}, {b.cond, cond}, {b.noise, noise}, {b.cfg, cfg}, {b.seqlens, seqlens}} {
+			if err := iobind.Upload(u.t, u.v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return checkCapture(fmt.Sprintf("step, %d rows", n), g.sg.thread, g.stepS, b.run, set, b.patch)
 }
 
 // stepFixed is step run as the smallest bucket of at least in.n rows.
@@ -164,7 +198,7 @@ func (g *graphs) stepFixed(in *stepIn) (*stepOut, error) {
 		}
 	}
 	// On the step's stream after the copies, which the run waits for with its kernels.
-	if err := g.sg.thread.Do(b.run.Run); err != nil {
+	if err := g.sg.thread.Do(b.run.run.Run); err != nil {
 		return nil, fmt.Errorf("step: %w", err)
 	}
 	for _, c := range []struct {

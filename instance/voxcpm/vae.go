@@ -14,7 +14,8 @@ import (
 // the n rows a step ran, its rows past n free slots fed zero latents, their state rows scratch
 // (a stream that joins a slot primes its row first). Each bucket has its own latent and audio
 // tensors and two runs bound once, one per direction of the state buffers, each warmed at load
-// and, with lm_cuda_graph on, captured as a CUDA graph. Why fixed shapes: ONNX Runtime 1.29 plans
+// and, with lm_cuda_graph on, captured as a CUDA graph (the first and last bucket's replays
+// checked against uncaptured runs: checkCapture). Why fixed shapes: ONNX Runtime 1.29 plans
 // a session's cuDNN convolutions again whenever its input shape changes (docs/operations.md), and
 // a decode of exactly n rows changed shape nearly every step as streams joined and left. That
 // planning is likely most of what the VAE cost per run on a GPU (45 ms at 1.5 rows on average);
@@ -48,12 +49,12 @@ type vaeBucket struct {
 	hLatent, hAudio *iobind.Pinned
 	views           [2]*iobind.Tensor // rows [0, B) of each state buffer
 	// run[c] reads states[c] and writes states[1-c].
-	run [2]*iobind.Bound
+	run [2]boundRun
 }
 
 func (b *vaeBucket) release() {
 	for _, r := range b.run {
-		r.Close()
+		r.run.Close()
 	}
 	b.hLatent.Free()
 	b.hAudio.Free()
@@ -112,13 +113,36 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 		// ones. No stream is in the states yet: what the runs write there is never read.
 		for _, r := range b.run {
 			for range 3 {
-				if err := v.thread.Do(r.Run); err != nil {
+				if err := v.thread.Do(r.run.Run); err != nil {
 					return nil, fmt.Errorf("vae_decoder, %d rows: %w", B, err)
 				}
 			}
 		}
 	}
+	if p.CUDAGraph {
+		// The first graph captured and the last: a kernel unsafe to capture shows up after later
+		// runs have reused what its replay reads.
+		for _, b := range []*vaeBucket{v.buckets[0], v.buckets[len(v.buckets)-1]} {
+			if err := v.checkCapture(b); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return v, nil
+}
+
+// checkCapture compares bucket b's captured decode with an uncaptured one (checkCapture). What
+// the runs write into the states is never read: no stream is in them yet.
+func (v *vaeGraphs) checkCapture(b *vaeBucket) error {
+	latent := randomFloats(b.B*v.m.patchFloats(), 1, uint64(b.B))
+	state := randomFloats(b.B*v.m.VAE.StateSize, 0.1, uint64(b.B)+1)
+	set := func() error {
+		if err := iobind.Upload(b.latent, latent); err != nil {
+			return err
+		}
+		return iobind.Upload(b.views[0], state)
+	}
+	return checkCapture(fmt.Sprintf("vae_decoder, %d rows", b.B), v.thread, v.s, b.run[0], set, b.audio)
 }
 
 // newBucket makes bucket B's tensors and binds its runs as graphs id and id+1.
@@ -150,7 +174,7 @@ func (v *vaeGraphs) newBucket(id, B int) (_ *vaeBucket, err error) {
 	for c := range b.run {
 		in := map[string]*iobind.Tensor{"latent": b.latent, "state": b.views[c]}
 		outs := []iobind.Output{{Name: "audio", Into: b.audio}, {Name: "state_out", Into: b.views[1-c]}}
-		if b.run[c], err = s.Bind(in, outs, id+c); err != nil {
+		if b.run[c], err = bind(s, in, outs, id+c); err != nil {
 			return nil, err
 		}
 	}
@@ -188,7 +212,7 @@ func (v *vaeGraphs) decode(n int, patch []float32) ([]float32, error) {
 		return nil, fmt.Errorf("vae_decoder: %w", err)
 	}
 	// On the session's stream after the copy, which the run waits for with its kernels.
-	if err := v.thread.Do(b.run[v.cur].Run); err != nil {
+	if err := v.thread.Do(b.run[v.cur].run.Run); err != nil {
 		return nil, fmt.Errorf("vae_decoder: %w", err)
 	}
 	if err := s.Receive(b.hAudio, b.audio); err != nil {

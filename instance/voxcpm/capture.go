@@ -1,0 +1,76 @@
+package voxcpm
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
+)
+
+// boundRun is a bucket's run bound once (a CUDA graph's capture and replays) with what it was
+// bound to, so that the same tensors can also run uncaptured.
+type boundRun struct {
+	run  *iobind.Bound
+	in   map[string]*iobind.Tensor
+	outs []iobind.Output
+}
+
+func bind(s *iobind.Session, in map[string]*iobind.Tensor, outs []iobind.Output, id int) (boundRun, error) {
+	b, err := s.Bind(in, outs, id)
+	return boundRun{run: b, in: in, outs: outs}, err
+}
+
+// checkCapture compares a replay of r's captured graph with an uncaptured run of the same
+// tensors, each after set has filled the inputs with the same values, by out. Some of ONNX
+// Runtime's CUDA kernels pass arguments through host memory that only the capture fills (a Split
+// of unequal pieces, a Concat of unequal inputs): their graphs replay garbage without an error,
+// which the audio would otherwise be first to show (as NaN). th is the thread that captured.
+func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, set func() error, out *iobind.Tensor) error {
+	var got [2][]float32
+	for k := range got {
+		if err := set(); err != nil {
+			return fmt.Errorf("%s: capture check: %w", what, err)
+		}
+		run := r.run.Run
+		if k == 1 {
+			run = func() error {
+				res, err := s.RunGraph(r.in, r.outs, iobind.NoGraph)
+				release(res)
+				return err
+			}
+		}
+		if err := th.Do(run); err != nil {
+			return fmt.Errorf("%s: capture check: %w", what, err)
+		}
+		got[k] = make([]float32, out.Bytes()/4)
+		if err := iobind.Download(got[k], out); err != nil {
+			return fmt.Errorf("%s: capture check: %w", what, err)
+		}
+	}
+	if rel := relRMS(got[0], got[1]); !(rel <= 1e-3) {
+		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run by %.3g (relative rms): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/export_voxcpm.py, or set engine.lm_cuda_graph: off", what, rel)
+	}
+	return nil
+}
+
+// relRMS is the rms of a - b over the rms of b (NaN if either holds a NaN).
+func relRMS(a, b []float32) float64 {
+	var d, n float64
+	for i, v := range b {
+		d += float64(a[i]-v) * float64(a[i]-v)
+		n += float64(v) * float64(v)
+	}
+	return math.Sqrt(d / max(n, 1e-30))
+}
+
+// randomFloats are n standard normal values times scale, from a generator seeded by seed.
+func randomFloats(n int, scale float64, seed uint64) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 0x766f78))
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = float32(rng.NormFloat64() * scale)
+	}
+	return out
+}
