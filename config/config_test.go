@@ -293,6 +293,11 @@ func TestParseErrors(t *testing.T) {
 			want: []string{"groups[0].engine.lm_cuda_graph", `"yes"`},
 		},
 		{
+			name: "vocoder graphs not one of their values",
+			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine: {vocoder_cuda_graph: fixed}\n",
+			want: []string{"groups[0].engine.vocoder_cuda_graph", `"fixed"`},
+		},
+		{
 			name: "vocoder batches that do not rise",
 			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      vocoder_batches: [4, 2]\n",
 			want: []string{"groups[0].engine.vocoder_batches", "must rise"},

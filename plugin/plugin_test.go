@@ -51,7 +51,7 @@ func TestLoadRoundTrip(t *testing.T) {
 		ProviderOptions: map[string]string{"device_id": "0", "gpu_mem_limit": "1073741824", "": "empty key"},
 		MaxInflight:     7,
 		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true, VocoderWindow: 132, Profile: "/tmp/p-",
-			LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", FlowWorkers: 3, FlowFirstWorker: "share", IntraOpThreads: 2},
+			LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", VocoderCUDAGraph: "on", FlowWorkers: 3, FlowFirstWorker: "share", IntraOpThreads: 2},
 	}
 	wantInfo := tts.Info{
 		CUDAVisibleDevices: "3,4",

@@ -29,6 +29,11 @@ type EngineOptions struct {
 	// "fixed" (the captured shapes, run without capturing) or "off". Empty: "on" on CUDA, "off"
 	// on the CPU.
 	FlowCUDAGraph string `yaml:"flow_cuda_graph"`
+	// VocoderCUDAGraph is "on" (a voxcpm model's VAE decoder runs its fixed batch sizes as CUDA
+	// graphs captured at load, its convolutions planned by cuDNN's exhaustive search once per
+	// size) or "off". Empty: what lm_cuda_graph says ("on" captures the decoder too). The staged
+	// family's vocoder runs uncaptured and refuses "on".
+	VocoderCUDAGraph string `yaml:"vocoder_cuda_graph"`
 	// FlowWorkers is the number of flow batches that run at once, each in its own sessions, 1
 	// to 8. 0: 2 on CUDA (P95 time to first audio at 64 streams 972 → 869 ms on an H100), 1 on
 	// the CPU.
@@ -85,6 +90,9 @@ func (o EngineOptions) Validate() error {
 		return err
 	}
 	if err := oneOf("flow_cuda_graph", o.FlowCUDAGraph, "on", "fixed", "off"); err != nil {
+		return err
+	}
+	if err := oneOf("vocoder_cuda_graph", o.VocoderCUDAGraph, "on", "off"); err != nil {
 		return err
 	}
 	if o.FlowWorkers < 0 || o.FlowWorkers > 8 {

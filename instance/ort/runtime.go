@@ -143,12 +143,22 @@ func (r *Runtime) Session(name, file string, inputs, outputs []string) (*onnxrt.
 // once here, and the engines it picks ran the benchmark vocoder 3× faster than DEFAULT's fallback
 // ones. provider_options' own cudnn_conv_algo_search wins.
 func (r *Runtime) FixedShapeSession(cuda map[string]string, name, file string, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
-	if r.provider != "cuda" || r.convSearchSet {
+	o := r.FixedShapeCUDAOptions()
+	if o == nil {
 		return r.SessionWith(cuda, name, file, inputs, outputs)
 	}
-	o := map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"}
 	maps.Copy(o, cuda)
 	return r.SessionWith(o, name, file, inputs, outputs)
+}
+
+// FixedShapeCUDAOptions are the CUDA provider options of a session whose convolutions see each of
+// their input shapes planned once (FixedShapeSession, or captured graphs): cuDNN's exhaustive
+// search. nil on the CPU or when provider_options choose the search.
+func (r *Runtime) FixedShapeCUDAOptions() map[string]string {
+	if r.provider != "cuda" || r.convSearchSet {
+		return nil
+	}
+	return map[string]string{"cudnn_conv_algo_search": "EXHAUSTIVE"}
 }
 
 // vocoderCUDAOptions are the vocoder sessions' own CUDA provider options: prefer_nhwc, so that

@@ -59,6 +59,10 @@ func TestFlowStepOption(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "flow_cuda_graph") {
 		t.Fatalf("flow_cuda_graph yes: err %v, want one naming the option", err)
 	}
+	_, err = loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{VocoderCUDAGraph: "on"}}, 0, 0)
+	if err == nil || !strings.Contains(err.Error(), "engine.vocoder_cuda_graph") {
+		t.Fatalf("vocoder_cuda_graph on: err %v, want a refusal naming the option", err)
+	}
 	m.Flow.Step = "missing.onnx"
 	if err := m.validate(); err == nil || !strings.Contains(err.Error(), "flow.step") {
 		t.Fatalf("a missing step graph: err %v, want one naming flow.step", err)

@@ -41,6 +41,9 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 	if err := cfg.Engine.Validate(); err != nil {
 		return nil, err // the config's own check names its file too
 	}
+	if cfg.Engine.VocoderCUDAGraph == "on" {
+		return nil, &tts.OptionError{Key: "vocoder_cuda_graph", Msg: "the staged family's vocoder runs uncaptured; only voxcpm models capture theirs"}
+	}
 	rt, err := ort.New(cfg, lmDev)
 	if err != nil {
 		return nil, err

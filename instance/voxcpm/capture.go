@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
@@ -22,14 +23,20 @@ func bind(s *iobind.Session, in map[string]*iobind.Tensor, outs []iobind.Output,
 	return boundRun{run: b, in: in, outs: outs}, err
 }
 
+// compared is an output a capture check compares.
+type compared struct {
+	name string
+	t    *iobind.Tensor
+}
+
 // checkCapture compares a replay of r's captured graph with an uncaptured run of the same
-// tensors, each after set has filled the inputs with the same values, by out. Some of ONNX
+// tensors, each after set has filled the inputs with the same values, by outs. Some of ONNX
 // Runtime's CUDA kernels pass arguments through host memory that only the capture fills (a Split
 // of unequal pieces, a Concat of unequal inputs): their graphs replay garbage without an error,
 // which the audio would otherwise be first to show (as NaN). th is the thread that captured.
-func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, set func() error, out *iobind.Tensor) error {
-	var got [2][]float32
-	for k := range got {
+func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, set func() error, outs ...compared) error {
+	got := make([][2][]float32, len(outs))
+	for k := range 2 {
 		if err := set(); err != nil {
 			return fmt.Errorf("%s: capture check: %w", what, err)
 		}
@@ -44,13 +51,22 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 		if err := th.Do(run); err != nil {
 			return fmt.Errorf("%s: capture check: %w", what, err)
 		}
-		got[k] = make([]float32, out.Bytes()/4)
-		if err := iobind.Download(got[k], out); err != nil {
-			return fmt.Errorf("%s: capture check: %w", what, err)
+		for i, o := range outs {
+			got[i][k] = make([]float32, o.t.Bytes()/4)
+			if err := iobind.Download(got[i][k], o.t); err != nil {
+				return fmt.Errorf("%s: capture check: %w", what, err)
+			}
 		}
 	}
-	if rel := relRMS(got[0], got[1]); !(rel <= 1e-3) {
-		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run by %.3g (relative rms): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/export_voxcpm.py, or set engine.lm_cuda_graph: off", what, rel)
+	var diffs []string
+	bad := false
+	for i, o := range outs {
+		rel := relRMS(got[i][0], got[i][1])
+		bad = bad || !(rel <= 1e-3)
+		diffs = append(diffs, fmt.Sprintf("%s %.3g", o.name, rel))
+	}
+	if bad {
+		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/export_voxcpm.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
 	}
 	return nil
 }

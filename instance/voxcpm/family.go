@@ -70,6 +70,10 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 		return nil, tts.Description{}, &tts.OptionError{Key: "vocoder_batches",
 			Msg: "voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies"}
 	}
+	if plainVAE(cfg.Engine) && cfg.Engine.VocoderCUDAGraph == "on" {
+		return nil, tts.Description{}, &tts.OptionError{Key: "vocoder_cuda_graph",
+			Msg: "on captures the VAE decoder's fixed batch sizes, which vocoder_batches: [] turns off"}
+	}
 	if cfg.Placement == "split" {
 		return nil, tts.Description{}, errors.New("placement split is not supported by voxcpm models: each GPU runs the whole model (placement replicated)")
 	}
@@ -110,7 +114,7 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openGraphs(m, rt, slots, stepGraphMode(cfg.Engine, rt.CUDA()), plainVAE(cfg.Engine))
+	g, err := openGraphs(m, rt, slots, resolveModes(cfg.Engine, rt.CUDA()))
 	if err != nil {
 		rt.Close()
 		return nil, err

@@ -12,10 +12,11 @@ import (
 )
 
 // On a GPU host (VOXMUX_GPU_VOXCPM: a float16 export, which CUDA's GroupQueryAttention needs;
-// ORT_LIB: ONNX Runtime with the CUDA provider), the engine runs on CUDA with the plain step and
-// with the step's and the VAE decoder's CUDA graphs: requests alone and batched give finite audio
-// of whole patches, and the graphs' audio is the plain step's within float16 rounding, as is that
-// of the VAE decoder run in every batch's own shape (vocoder_batches []).
+// ORT_LIB: ONNX Runtime with the CUDA provider), the engine runs on CUDA with the plain step, with
+// the step's and the VAE decoder's CUDA graphs, and with the decoder's alone: requests alone and
+// batched give finite audio of whole patches, and the graphs' audio is the plain step's within
+// float16 rounding, as is that of the VAE decoder run in every batch's own shape
+// (vocoder_batches []).
 func TestGPUSteps(t *testing.T) {
 	path := os.Getenv("VOXMUX_GPU_VOXCPM")
 	if path == "" {
@@ -25,11 +26,11 @@ func TestGPUSteps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	open := func(mode string, plainVAE bool) *Engine {
+	open := func(mode string, plainVAE bool, vaeGraphs string) *Engine {
 		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 16,
-			Engine: tts.EngineOptions{LMCUDAGraph: mode, VocoderBatchesSet: plainVAE}})
+			Engine: tts.EngineOptions{LMCUDAGraph: mode, VocoderBatchesSet: plainVAE, VocoderCUDAGraph: vaeGraphs}})
 		if err != nil {
-			t.Fatalf("lm_cuda_graph %s: %v", mode, err)
+			t.Fatalf("lm_cuda_graph %s, vocoder_cuda_graph %q: %v", mode, vaeGraphs, err)
 		}
 		t.Cleanup(func() { r.Close() })
 		return r.(*Engine)
@@ -70,7 +71,7 @@ func TestGPUSteps(t *testing.T) {
 		}
 		return maxDiff(a.chunks[0], b.chunks[0])
 	}
-	plain := open("off", false)
+	plain := open("off", false, "")
 	alone := make([]result, len(reqs))
 	for i, req := range reqs {
 		alone[i] = run(t, plain, req)
@@ -78,22 +79,12 @@ func TestGPUSteps(t *testing.T) {
 	check("plain alone", alone)
 	pb, pt := batched(plain)
 	check("plain batched", pb)
-	graphs := open("on", false)
-	gb, gt := batched(graphs)
-	check("graphs batched", gb)
-	ownShapes := open("off", true)
+	vaeOnly := open("off", false, "on")
+	vb, vt := batched(vaeOnly)
+	check("VAE graphs batched", vb)
+	ownShapes := open("off", true, "")
 	ob, ot := batched(ownShapes)
 	check("VAE in its own shapes, batched", ob)
-	var dPlain, dGraph, dOwn float64
-	sameLen := 0
-	for i := range reqs {
-		dPlain = max(dPlain, firstPatch(pb[i], alone[i]))
-		dGraph = max(dGraph, firstPatch(gb[i], pb[i]))
-		dOwn = max(dOwn, firstPatch(ob[i], pb[i]))
-		if len(gb[i].chunks) == len(pb[i].chunks) {
-			sameLen++
-		}
-	}
 	stat := func(e *Engine) string {
 		st := e.Stats()[stageStep]
 		if st.Batches == 0 {
@@ -102,11 +93,32 @@ func TestGPUSteps(t *testing.T) {
 		return (st.Busy / time.Duration(st.Batches)).String() + " a step, " +
 			time.Duration(int64(e.Stats()[stageVAE].Busy)/int64(e.Stats()[stageVAE].Batches)).String() + " a VAE run"
 	}
-	t.Logf("first patch: batched %g from alone (plain step), graphs %g from plain, VAE in its own shapes %g from its buckets; %d of %d requests as long with graphs as without",
-		dPlain, dGraph, dOwn, sameLen, len(reqs))
-	t.Logf("%d requests at once: plain %v (%s), graphs %v (%s), VAE in its own shapes %v (%s)", len(reqs), pt, stat(plain), gt, stat(graphs),
+	var dPlain, dVAE, dOwn float64
+	for i := range reqs {
+		dPlain = max(dPlain, firstPatch(pb[i], alone[i]))
+		dVAE = max(dVAE, firstPatch(vb[i], pb[i]))
+		dOwn = max(dOwn, firstPatch(ob[i], pb[i]))
+	}
+	t.Logf("first patch: batched %g from alone (plain step), VAE graphs %g from plain, VAE in its own shapes %g from its buckets", dPlain, dVAE, dOwn)
+	t.Logf("%d requests at once: plain %v (%s), VAE graphs %v (%s), VAE in its own shapes %v (%s)", len(reqs), pt, stat(plain), vt, stat(vaeOnly),
 		ot, stat(ownShapes))
-	if dPlain > 0.05 || dGraph > 0.05 || dOwn > 0.05 {
-		t.Fatalf("first patches differ by %g (batched), %g (graphs) and %g (VAE in its own shapes), over float16 rounding", dPlain, dGraph, dOwn)
+	if dPlain > 0.05 || dVAE > 0.05 || dOwn > 0.05 {
+		t.Fatalf("first patches differ by %g (batched), %g (VAE graphs) and %g (VAE in its own shapes), over float16 rounding", dPlain, dVAE, dOwn)
+	}
+	// Last: the step's graphs, which fail their load-time check on an H100 so far.
+	graphs := open("on", false, "")
+	gb, gt := batched(graphs)
+	check("graphs batched", gb)
+	var dGraph float64
+	sameLen := 0
+	for i := range reqs {
+		dGraph = max(dGraph, firstPatch(gb[i], pb[i]))
+		if len(gb[i].chunks) == len(pb[i].chunks) {
+			sameLen++
+		}
+	}
+	t.Logf("step and VAE graphs: first patch %g from plain, %d of %d requests as long; %d requests at once %v (%s)", dGraph, sameLen, len(reqs), len(reqs), gt, stat(graphs))
+	if dGraph > 0.05 {
+		t.Fatalf("first patches with the step's graphs differ by %g, over float16 rounding", dGraph)
 	}
 }

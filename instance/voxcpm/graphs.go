@@ -79,11 +79,11 @@ type graphs struct {
 var _ runner = (*graphs)(nil)
 
 // openGraphs opens the prefill, step and VAE decoder graphs on rt's device, with caches for at
-// most slots streams (and prefillSpare slots more, for prefills' placeholder rows); mode is the
-// step's (stepGraphMode); plainVAE runs every VAE decode in its own shape rather than the step's
-// buckets'. It runs every prefill shape a scheduler of slots streams makes up to 256 positions
-// once (warmPrefill).
-func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE bool) (_ *graphs, err error) {
+// most slots streams (and prefillSpare slots more, for prefills' placeholder rows), the step and
+// the VAE decoder run as modes says (resolveModes). It runs every prefill shape a scheduler of
+// slots streams makes up to 256 positions once (warmPrefill).
+func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *graphs, err error) {
+	mode := modes.step
 	g := &graphs{m: m}
 	g.past, g.present = m.cacheNames()
 	defer func() {
@@ -106,7 +106,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, mode string, plainVAE b
 	}
 	buckets := engine.Buckets(slots)
 	rows := max(buckets[len(buckets)-1], slots+prefillSpare)
-	if g.v, err = openVAE(m, rt, rows, buckets, plainVAE, mode == graphOn); err != nil {
+	if g.v, err = openVAE(m, rt, rows, buckets, modes.plainVAE, modes.captureVAE); err != nil {
 		return nil, err
 	}
 	if mode == graphOff {

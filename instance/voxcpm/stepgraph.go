@@ -15,9 +15,33 @@ const (
 	graphOn    = "on"    // the buckets' steps are captured as CUDA graphs and replayed
 )
 
-// stepGraphMode resolves lm_cuda_graph for the step graph. Unset, it is off: the captured steps
-// have not been measured against the plain ones on a GPU yet. "decode" (staged's decode steps
-// only) is "on": the step is the only graph that runs per patch.
+// graphModes are how the step and the VAE decoder run (openGraphs).
+type graphModes struct {
+	step string // graphOff, graphFixed or graphOn
+	// plainVAE runs every decode in its own shape (vocoder_batches: []), else in the buckets'.
+	plainVAE bool
+	// captureVAE captures the buckets' decodes as CUDA graphs (on CUDA only).
+	captureVAE bool
+}
+
+// resolveModes resolves lm_cuda_graph, vocoder_batches and vocoder_cuda_graph (checked by
+// Family.Open) for a provider.
+func resolveModes(o tts.EngineOptions, cuda bool) graphModes {
+	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: plainVAE(o)}
+	switch o.VocoderCUDAGraph {
+	case "on":
+		g.captureVAE = cuda
+	case "":
+		g.captureVAE = g.step == graphOn
+	}
+	g.captureVAE = g.captureVAE && !g.plainVAE
+	return g
+}
+
+// stepGraphMode resolves lm_cuda_graph for the step graph. Unset, it is off: on an H100 the
+// captured step replays NaN (docs/benchmarks/2026-11-27-h100-voxcpm/), which the load-time check
+// refuses. "decode" (staged's decode steps only) is "on": the step is the only graph that runs per
+// patch.
 func stepGraphMode(o tts.EngineOptions, cuda bool) string {
 	switch o.LMCUDAGraph {
 	case "on", "decode":
@@ -163,7 +187,8 @@ func (g *graphs) checkStepCapture(b *stepBucket) error {
 		}
 		return nil
 	}
-	return checkCapture(fmt.Sprintf("step, %d rows", n), g.sg.thread, g.stepS, b.run, set, b.patch)
+	return checkCapture(fmt.Sprintf("step, %d rows", n), g.sg.thread, g.stepS, b.run, set,
+		compared{"patch", b.patch}, compared{"next_mu", b.nextMu}, compared{"next_stop_logits", b.nextStop})
 }
 
 // stepFixed is step run as the smallest bucket of at least in.n rows.

@@ -73,18 +73,29 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 	// The vocoder's CUDA options (prefer_nhwc: channels-last convolutions, which ran the staged
 	// family's vocoder 14-19% faster). Should it leave layout nodes to the CPU, as it did for the
 	// staged flow's graphs, ONNX Runtime runs the buckets uncaptured; provider_options
-	// {prefer_nhwc: "0"} tells the two apart. cudnn_conv_algo_search stays the runtime's (DEFAULT
-	// unless provider_options say otherwise): EXHAUSTIVE plans for about a second and a half per
-	// shape, paid again by every change of bucket outside graphs and by each voice's priming, and
+	// {prefer_nhwc: "0"} tells the two apart. Uncaptured, cudnn_conv_algo_search stays the
+	// runtime's (DEFAULT unless provider_options say otherwise): EXHAUSTIVE plans for about a
+	// second and a half per shape, paid again by every change of bucket outside graphs, and
 	// HEURISTIC failed to initialise for a dilated convolution (cuDNN 9.14), which the VAE's
 	// residual units are.
 	p := rt.Placement()
-	if o := rt.VocoderCUDAOptions(); len(o) > 0 {
+	p.CUDAGraph = p.CUDA && graphs && !plain
+	own := rt.VocoderCUDAOptions()
+	if p.CUDAGraph {
+		// Captured, each bucket's convolutions are planned once, at load: the exhaustive search
+		// halved the decoder's runs on an H100 (docs/benchmarks/2026-11-27-h100-voxcpm/), and
+		// uncaptured it would search again at every change of bucket.
+		own = maps.Clone(own)
+		if own == nil {
+			own = map[string]string{}
+		}
+		maps.Copy(own, rt.FixedShapeCUDAOptions())
+	}
+	if len(own) > 0 {
 		p.ProviderOptions = maps.Clone(p.ProviderOptions)
-		maps.Copy(p.ProviderOptions, o)
+		maps.Copy(p.ProviderOptions, own)
 	}
 	p.Profile = rt.ProfilePrefix("voxcpm_vae_decoder")
-	p.CUDAGraph = p.CUDA && graphs && !plain
 	if p.CUDAGraph {
 		v.thread = ort.NewThread()
 	}
@@ -121,8 +132,10 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 	}
 	if p.CUDAGraph {
 		// The first graph captured and the last: a kernel unsafe to capture shows up after later
-		// runs have reused what its replay reads.
-		for _, b := range []*vaeBucket{v.buckets[0], v.buckets[len(v.buckets)-1]} {
+		// runs have reused what its replay reads. The last bucket first: the uncaptured runs then
+		// end in one row's shape, the shape a voice's priming runs in, so that priming plans
+		// nothing again.
+		for _, b := range []*vaeBucket{v.buckets[len(v.buckets)-1], v.buckets[0]} {
 			if err := v.checkCapture(b); err != nil {
 				return nil, err
 			}
@@ -142,7 +155,8 @@ func (v *vaeGraphs) checkCapture(b *vaeBucket) error {
 		}
 		return iobind.Upload(b.views[0], state)
 	}
-	return checkCapture(fmt.Sprintf("vae_decoder, %d rows", b.B), v.thread, v.s, b.run[0], set, b.audio)
+	return checkCapture(fmt.Sprintf("vae_decoder, %d rows", b.B), v.thread, v.s, b.run[0], set,
+		compared{"audio", b.audio}, compared{"state_out", b.views[1]})
 }
 
 // newBucket makes bucket B's tensors and binds its runs as graphs id and id+1.

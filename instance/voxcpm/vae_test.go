@@ -3,6 +3,7 @@ package voxcpm
 import (
 	"math/rand/v2"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,7 +74,7 @@ func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions, overlap
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := openGraphs(m, rt, slots, stepGraphMode(opts, false), plainVAE(opts))
+	g, err := openGraphs(m, rt, slots, resolveModes(opts, false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,6 +231,32 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true}})
 	if err == nil {
 		t.Fatal("vocoder_batches [1, 4] was accepted")
+	}
+	_, _, err = Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib,
+		Engine: tts.EngineOptions{VocoderBatchesSet: true, VocoderCUDAGraph: "on"}})
+	if err == nil || !strings.Contains(err.Error(), "engine.vocoder_cuda_graph") {
+		t.Fatalf("vocoder_cuda_graph on with vocoder_batches []: %v, want a refusal naming the option", err)
+	}
+}
+
+// What lm_cuda_graph, vocoder_batches and vocoder_cuda_graph make of the step and the decoder.
+func TestResolveModes(t *testing.T) {
+	for _, c := range []struct {
+		o    tts.EngineOptions
+		cuda bool
+		want graphModes
+	}{
+		{tts.EngineOptions{}, true, graphModes{step: graphOff}},
+		{tts.EngineOptions{LMCUDAGraph: "on"}, true, graphModes{step: graphOn, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: graphOn}},
+		{tts.EngineOptions{VocoderCUDAGraph: "on"}, true, graphModes{step: graphOff, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: graphFixed, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderBatchesSet: true}, true, graphModes{step: graphOn, plainVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: graphFixed}},
+	} {
+		if got := resolveModes(c.o, c.cuda); got != c.want {
+			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)
+		}
 	}
 }
 

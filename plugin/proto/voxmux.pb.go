@@ -295,6 +295,7 @@ type EngineOptions struct {
 	PiperWorkers      int32                  `protobuf:"varint,12,opt,name=piper_workers,json=piperWorkers,proto3" json:"piper_workers,omitempty"`
 	PiperQueue        int32                  `protobuf:"varint,13,opt,name=piper_queue,json=piperQueue,proto3" json:"piper_queue,omitempty"`
 	ExactBatches      bool                   `protobuf:"varint,14,opt,name=exact_batches,json=exactBatches,proto3" json:"exact_batches,omitempty"`
+	VocoderCudaGraph  string                 `protobuf:"bytes,15,opt,name=vocoder_cuda_graph,json=vocoderCudaGraph,proto3" json:"vocoder_cuda_graph,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -425,6 +426,13 @@ func (x *EngineOptions) GetExactBatches() bool {
 		return x.ExactBatches
 	}
 	return false
+}
+
+func (x *EngineOptions) GetVocoderCudaGraph() string {
+	if x != nil {
+		return x.VocoderCudaGraph
+	}
+	return ""
 }
 
 type LoadResponse struct {
@@ -1001,7 +1009,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x06engine\x18\b \x01(\v2\x1f.voxmux.plugin.v1.EngineOptionsR\x06engine\x1aB\n" +
 	"\x14ProviderOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xaf\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdd\x04\n" +
 	"\rEngineOptions\x12'\n" +
 	"\x0fvocoder_batches\x18\x01 \x03(\x05R\x0evocoderBatches\x12.\n" +
 	"\x13vocoder_batches_set\x18\x02 \x01(\bR\x11vocoderBatchesSet\x12%\n" +
@@ -1019,7 +1027,8 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\rpiper_workers\x18\f \x01(\x05R\fpiperWorkers\x12\x1f\n" +
 	"\vpiper_queue\x18\r \x01(\x05R\n" +
 	"piperQueue\x12#\n" +
-	"\rexact_batches\x18\x0e \x01(\bR\fexactBatches\"\xb4\x01\n" +
+	"\rexact_batches\x18\x0e \x01(\bR\fexactBatches\x12,\n" +
+	"\x12vocoder_cuda_graph\x18\x0f \x01(\tR\x10vocoderCudaGraph\"\xb4\x01\n" +
 	"\fLoadResponse\x120\n" +
 	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12)\n" +
 	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpusJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x06\x10\aR\x05modelR\vsample_rateR\x06voicesR\bproviderR\x03pid\"f\n" +
