@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxgroups|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -250,17 +250,21 @@ PY
 # manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP. Responses
 # are FORMAT (default wav: at the model's 44.1 kHz, which a build without FFmpeg serves; pcm is
 # resampled to 24 kHz and needs FFmpeg). BASELINE=0 leaves the baseline out (voxmux alone).
+# voxmanifest: $VOX/pipeline-bench.yaml, the export's manifest with generation.max_len CAP (and
+# min_len CAP unless IGNORE_STOP=0).
+voxmanifest() {
+  local vox=${VOX:-/tmp/vox} cap=${CAP:-64}
+  local sedargs=(-e "s/^  max_len: .*/  max_len: $cap/")
+  [ "${IGNORE_STOP:-1}" = 1 ] && sedargs+=(-e "s/^  min_len: .*/  min_len: $cap/")
+  sed "${sedargs[@]}" "$vox/pipeline.yaml" > "$vox/pipeline-bench.yaml"
+  grep -q "^  max_len: $cap\$" "$vox/pipeline-bench.yaml" || { echo "$vox/pipeline.yaml has no generation.max_len to set"; return 1; }
+}
+
 voxbench() {
   local model=${VOX_MODEL:?set VOX_MODEL to the published-format VoxCPM 1.5 directory} vox=${VOX:-/tmp/vox}
-  local cap=${CAP:-64} stop=() manifest
-  manifest=$vox/pipeline-bench.yaml
-  local sedargs=(-e "s/^  max_len: .*/  max_len: $cap/")
-  if [ "${IGNORE_STOP:-1}" = 1 ]; then
-    sedargs+=(-e "s/^  min_len: .*/  min_len: $cap/")
-    stop=(--ignore-stop)
-  fi
-  sed "${sedargs[@]}" "$vox/pipeline.yaml" > "$manifest"
-  grep -q "^  max_len: $cap\$" "$manifest" || { echo "$vox/pipeline.yaml has no generation.max_len to set"; return 1; }
+  local cap=${CAP:-64} stop=() manifest=${VOX:-/tmp/vox}/pipeline-bench.yaml
+  voxmanifest || return 1
+  [ "${IGNORE_STOP:-1}" = 1 ] && stop=(--ignore-stop)
   cat > "$logs/vox.yaml" <<YAML
 listen: 127.0.0.1:8086
 model: $manifest
@@ -290,9 +294,40 @@ YAML
   "$bin" bench --url http://127.0.0.1:8086 "${compare[@]}" \
     --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
     --voice "${VOICE:-default}" --quiet \
-    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)" \
+    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)${GROUP_EXTRA:+, group options:${GROUP_EXTRA#,}}" \
     --out "${BENCH_OUT:-$logs/voxbench}"
   kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# VoxCPM 1.5 ($VOX, CAP patches as voxbench) as one group on GPU 0, then as two groups of one GPU
+# each, swept by voxmux bench at LEVELS2 (default 128,256), with GROUP_EXTRA on every group.
+voxgroups() {
+  voxmanifest || return 1
+  local g0="  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
+  local g1="  - {name: gpu1, gpus: [1], max_inflight: 256${GROUP_EXTRA:-}}"
+  local name groups
+  for name in one two; do
+    groups=$g0
+    [ $name = two ] && groups="$g0
+$g1"
+    cat > "$logs/vox-$name.yaml" <<YAML
+listen: 127.0.0.1:8088
+model: ${VOX:-/tmp/vox}/pipeline-bench.yaml
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+groups:
+$groups
+YAML
+    "$bin" serve --config "$logs/vox-$name.yaml" > "$logs/vox-$name.log" 2>&1 &
+    local pid=$!
+    wait_ready http://127.0.0.1:8088 600 $pid || { echo "not ready: $name"; tail -20 "$logs/vox-$name.log"; kill $pid; return 1; }
+    "$bin" bench --url http://127.0.0.1:8088 --concurrency "${LEVELS2:-128,256}" --duration-per-level ${DUR:-12s} --warmup 4 \
+      --format ${FORMAT:-wav} --quiet --label "VoxCPM 1.5 fp16, $name group(s) of one GPU, at most ${CAP:-64} patches, voxmux $("$bin" version | cut -d' ' -f2)" \
+      --out "${BENCH_OUT:-$logs/voxgroups}-$name"
+    kill -TERM $pid; wait $pid
+  done
 }
 
 # The voxcpm engine's GPU test (instance/voxcpm/gpu_test.go) on the float16 export $VOX: plain
