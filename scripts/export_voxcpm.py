@@ -377,27 +377,21 @@ def export_lms(prefill, step, cfg, out, dtype, device):
     export(step, args, os.path.join(out, "step.onnx"), names_in, names_out, axes)
 
 
-def check_no_float_concat(path):
-    """The graph joins no float tensors with Concat (ONNX Runtime's CUDA graphs replay a Concat
-    of unequal parts wrongly; voxcpm_net.before): only shape arithmetic may use it."""
+def check_capturable(path):
+    """What the VAE decoder's CUDA graphs need of the graph: no float tensors joined by Concat
+    (ONNX Runtime's CUDA graphs replay a Concat of unequal parts wrongly; voxcpm_net.before), no
+    tensor's shape read at run time (ONNX Runtime computes Shape and the arithmetic on it on the
+    CPU, and captures no session with a node off the GPU), and no tensor fed to several Slices
+    (ONNX Runtime fuses them into one Split, whose CUDA kernel stages unequal sizes in host memory,
+    read stale by a replay)."""
+    import collections
     import onnx
-    m = onnx.shape_inference.infer_shapes(onnx.load(path))
+    m = onnx.shape_inference.infer_shapes(onnx.load(path, load_external_data=False))
     types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.output)}
     bad = [n.name for n in m.graph.node if n.op_type == "Concat"
            and types.get(n.output[0]) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, None)]
     if bad:
         raise SystemExit("%s: Concat of float tensors (or of unknown type): %s" % (path, bad[:5]))
-
-
-def check_capturable(path):
-    """What the VAE decoder's CUDA graphs (lm_cuda_graph on) need of the graph beyond
-    check_no_float_concat: it reads no tensor's shape at run time (ONNX Runtime computes Shape and
-    the arithmetic on it on the CPU, and captures no session with a node off the GPU), and no
-    tensor feeds several Slices (ONNX Runtime fuses them into one Split, whose CUDA kernel stages
-    unequal sizes in host memory, read stale by a replay)."""
-    import collections
-    import onnx
-    m = onnx.load(path, load_external_data=False)
     bad = [n.name for n in m.graph.node if n.op_type in ("Shape", "Size")]
     if bad:
         raise SystemExit("%s: reads shapes at run time (%d nodes, e.g. %s)" % (path, len(bad), bad[:3]))
@@ -415,7 +409,6 @@ def export_vae(vae, cfg, out, device):
     export(stream, (torch.randn(2, cfg.patch_size, D, device=device), torch.zeros(2, stream.state_size, device=device)),
            path, ["latent", "state"], ["audio", "state_out"],
            {"latent": {0: "B"}, "state": {0: "B"}, "audio": {0: "B"}, "state_out": {0: "B"}})
-    check_no_float_concat(path)
     check_capturable(path)
     n = 2 * cfg.patch_size * cfg.vae.chunk_size
     export(net.VAEEncoder(vae), (torch.randn(1, n, device=device) * 0.1,), os.path.join(out, "vae_encoder.onnx"),
