@@ -80,20 +80,13 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 	// residual units are.
 	p := rt.Placement()
 	p.CUDAGraph = p.CUDA && graphs && !plain
-	own := rt.VocoderCUDAOptions()
+	p.ProviderOptions = maps.Clone(p.ProviderOptions)
+	maps.Copy(p.ProviderOptions, rt.VocoderCUDAOptions())
 	if p.CUDAGraph {
 		// Captured, each bucket's convolutions are planned once, at load: the exhaustive search
 		// halved the decoder's runs on an H100 (docs/benchmarks/2026-11-27-h100-voxcpm/), and
 		// uncaptured it would search again at every change of bucket.
-		own = maps.Clone(own)
-		if own == nil {
-			own = map[string]string{}
-		}
-		maps.Copy(own, rt.FixedShapeCUDAOptions())
-	}
-	if len(own) > 0 {
-		p.ProviderOptions = maps.Clone(p.ProviderOptions)
-		maps.Copy(p.ProviderOptions, own)
+		maps.Copy(p.ProviderOptions, rt.FixedShapeCUDAOptions())
 	}
 	p.Profile = rt.ProfilePrefix("voxcpm_vae_decoder")
 	if p.CUDAGraph {
