@@ -3,10 +3,10 @@ package staged
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -215,12 +215,7 @@ func (s *flowSteps) check(b *flowBucket) error {
 			return fmt.Errorf("flow step check: %w", err)
 		}
 	}
-	var d, n float64
-	for i, v := range out[1] {
-		d += float64(out[0][i]-v) * float64(out[0][i]-v)
-		n += float64(v) * float64(v)
-	}
-	if rel := math.Sqrt(d / max(n, 1e-30)); !(rel <= 1e-3) {
+	if rel := engine.RelRMS(out[0], out[1]); !(rel <= engine.ReplayTolerance) {
 		return fmt.Errorf("flow step, %d items of %d tokens: its CUDA graph's replay differs from a plain run by %.3g (relative rms): the graph has a kernel that cannot be captured (ONNX Runtime's Split into more than 32 outputs or Concat of unequal inputs); re-export it, or set engine.flow_cuda_graph: fixed", b.B, b.N, rel)
 	}
 	return nil

@@ -2,10 +2,10 @@ package voxcpm
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strings"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -61,24 +61,14 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 	var diffs []string
 	bad := false
 	for i, o := range outs {
-		rel := relRMS(got[i][0], got[i][1])
-		bad = bad || !(rel <= 1e-3)
+		rel := engine.RelRMS(got[i][0], got[i][1])
+		bad = bad || !(rel <= engine.ReplayTolerance)
 		diffs = append(diffs, fmt.Sprintf("%s %.3g", o.name, rel))
 	}
 	if bad {
 		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/export_voxcpm.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
 	}
 	return nil
-}
-
-// relRMS is the rms of a - b over the rms of b (NaN if either holds a NaN).
-func relRMS(a, b []float32) float64 {
-	var d, n float64
-	for i, v := range b {
-		d += float64(a[i]-v) * float64(a[i]-v)
-		n += float64(v) * float64(v)
-	}
-	return math.Sqrt(d / max(n, 1e-30))
 }
 
 // randomFloats are n standard normal values times scale, from a generator seeded by seed.
