@@ -53,39 +53,37 @@ proto:
 
 # Rebuilds models/tiny (needs Debian's python3-onnx and python3-numpy).
 tiny-model:
-	/usr/bin/python3 scripts/gen_tiny_model.py models/tiny
+	/usr/bin/python3 -m scripts.staged.make_tiny models/tiny
 
 # Rebuilds models/tiny-piper, the tiny Piper-format voices the tests use (same Debian packages).
 tiny-piper:
-	/usr/bin/python3 scripts/gen_tiny_piper.py models/tiny-piper
+	/usr/bin/python3 -m scripts.piper.make_tiny models/tiny-piper
 
 # models/tiny-cosyvoice3: a tiny CosyVoice3 with random weights in the published format
 # (models/tiny-cosyvoice3-published), exported as the real one is, with a random 5 s voice bench
 # (Debian's python3-torch, python3-onnx, python3-numpy, python3-yaml and zstd). Made again only
 # when a script that makes it changes; `make test` runs it before the tests.
-CV3_TINY_SCRIPTS := scripts/make_tiny_cosyvoice3.py scripts/export_cosyvoice3.py scripts/cosyvoice3_net.py \
-  scripts/cosyvoice3_voice.py scripts/ort_ops.py
+CV3_TINY_SCRIPTS := $(wildcard scripts/cosyvoice3/*.py scripts/common/*.py)
 tiny-cosyvoice3: models/tiny-cosyvoice3/pipeline.yaml
 
 # pipeline.yaml is written last, so a failed export leaves none and runs again.
 models/tiny-cosyvoice3/pipeline.yaml: $(CV3_TINY_SCRIPTS)
 	rm -rf models/tiny-cosyvoice3-published models/tiny-cosyvoice3
-	/usr/bin/python3 scripts/make_tiny_cosyvoice3.py models/tiny-cosyvoice3-published
-	/usr/bin/python3 scripts/export_cosyvoice3.py models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5
+	/usr/bin/python3 -m scripts.cosyvoice3.make_tiny models/tiny-cosyvoice3-published
+	/usr/bin/python3 -m scripts.cosyvoice3.export models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5
 
 # models/tiny-voxcpm: a tiny VoxCPM 1.5 with random weights in the published format
 # (models/tiny-voxcpm-published), exported as the real one is (float32, for the CPU), with a
 # random 3 s voice bench (Debian's python3-torch, python3-onnx, python3-numpy). Made again only
 # when a script that makes it changes; `make test` runs it before the tests.
-VOXCPM_TINY_SCRIPTS := scripts/make_tiny_voxcpm.py scripts/export_voxcpm.py scripts/voxcpm_net.py \
-  scripts/voxcpm_tokenizer.py scripts/ort_ops.py
+VOXCPM_TINY_SCRIPTS := $(wildcard scripts/voxcpm/*.py scripts/common/*.py)
 tiny-voxcpm: models/tiny-voxcpm/pipeline.yaml
 
 # pipeline.yaml is written last, so a failed export leaves none and runs again.
 models/tiny-voxcpm/pipeline.yaml: $(VOXCPM_TINY_SCRIPTS)
 	rm -rf models/tiny-voxcpm-published models/tiny-voxcpm
-	/usr/bin/python3 scripts/make_tiny_voxcpm.py models/tiny-voxcpm-published
-	/usr/bin/python3 scripts/export_voxcpm.py models/tiny-voxcpm-published models/tiny-voxcpm --dtype float32 --random-voice bench:3
+	/usr/bin/python3 -m scripts.voxcpm.make_tiny models/tiny-voxcpm-published
+	/usr/bin/python3 -m scripts.voxcpm.export models/tiny-voxcpm-published models/tiny-voxcpm --dtype float32 --random-voice bench:3
 
 voices: build
 	GO=$(GO) $(BIN) voices fetch --dir models/voices $(VOICE_MODULES)

@@ -18,7 +18,7 @@ ${MAKE:-make} --no-print-directory tiny-cosyvoice3
 # The VoxCPM tests run its exporter's output (models/tiny-voxcpm) likewise.
 ${MAKE:-make} --no-print-directory tiny-voxcpm
 # The exporter's feature extraction for voices made from a clip (filterbanks, spectra, resampling).
-/usr/bin/python3 scripts/test_cosyvoice3_voice.py
+/usr/bin/python3 -m scripts.tests.test_cosyvoice3_voice
 export VOXMUX_REQUIRE_TINY_COSYVOICE3=1
 export VOXMUX_REQUIRE_TINY_VOXCPM=1
 $GO vet ./...

@@ -79,7 +79,7 @@ gpus() {
   "$bin" gpus --json > "$logs/gpus.json"; echo "(json: $(wc -c < "$logs/gpus.json") bytes)"
 }
 
-# The CosyVoice3-shaped model (scripts/export_cosyvoice_shaped.py wrote it to $BIG) on one GPU,
+# The CosyVoice3-shaped model (scripts/staged/shaped_export.py wrote it to $BIG) on one GPU,
 # swept by voxmux bench against the eager PyTorch baseline on the same GPU.
 bigcfg() { # name listen groups...
   cat > "$logs/$1.yaml" <<YAML
@@ -98,7 +98,7 @@ bench() {
   bigcfg big 127.0.0.1:8080 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
   "$bin" serve --config "$logs/big.yaml" > "$logs/big.log" 2>&1 &
   vpid=$!
-  python3 "$repo/scripts/baseline_server.py" --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
+  PYTHONPATH="$repo" python3 -m scripts.staged.shaped_baseline --model-dir "${BIG:-/tmp/big}" --port 8081 --workers 1 > "$logs/baseline.log" 2>&1 &
   bpid=$!
   wait_ready http://127.0.0.1:8080 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/big.log"; kill $vpid $bpid; return 1; }
   wait_ready http://127.0.0.1:8081 300 $bpid || { echo "baseline not ready"; tail -20 "$logs/baseline.log"; kill $vpid $bpid; return 1; }
@@ -109,15 +109,15 @@ bench() {
   kill -TERM $vpid $bpid; wait $vpid $bpid
 }
 
-# CosyVoice3 itself on GPU 0: voxmux serving the float16 export in $CV3 (scripts/export_cosyvoice3.py
+# CosyVoice3 itself on GPU 0: voxmux serving the float16 export in $CV3 (scripts/cosyvoice3/export.py
 # --dtype float16, with the voice $VOICE) and the eager baseline running the published model in
-# $CV3_MODEL (scripts/baseline_cosyvoice3.py, float16, the export's voices), swept at the same LEVELS.
+# $CV3_MODEL (scripts/cosyvoice3/baseline.py, float16, the export's voices), swept at the same LEVELS.
 cv3bench() {
   local model=${CV3_MODEL:?set CV3_MODEL to the published CosyVoice3 model directory} cv3=${CV3:-/tmp/cv3}
   BIG=$cv3 bigcfg cv3 127.0.0.1:8084 "  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}"
   "$bin" serve --config "$logs/cv3.yaml" > "$logs/cv3.log" 2>&1 &
   local vpid=$!
-  python3 "$repo/scripts/baseline_cosyvoice3.py" --model-dir "$model" --voices "$cv3/voices" --port 8085 \
+  PYTHONPATH="$repo" python3 -m scripts.cosyvoice3.baseline --model-dir "$model" --voices "$cv3/voices" --port 8085 \
     --workers 1 --dtype float16 > "$logs/cv3-baseline.log" 2>&1 &
   local bpid=$!
   wait_ready http://127.0.0.1:8084 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/cv3.log"; kill $vpid $bpid; return 1; }
@@ -239,8 +239,8 @@ if w:
 PY
 )
 
-# VoxCPM 1.5 on GPU 0: voxmux serving the float16 export in $VOX (scripts/export_voxcpm.py --dtype
-# float16 --device cuda) and the eager baseline (scripts/baseline_voxcpm.py: OpenBMB/VoxCPM's own
+# VoxCPM 1.5 on GPU 0: voxmux serving the float16 export in $VOX (scripts/voxcpm/export.py --dtype
+# float16 --device cuda) and the eager baseline (scripts/voxcpm/baseline.py: OpenBMB/VoxCPM's own
 # generation loop from the reference copy $VOX_REF, default .ref) running the published-format
 # directory $VOX_MODEL in BASE_DTYPE (default bfloat16, the model's own), swept by voxmux bench at
 # LEVELS (voxmux) and BASE_LEVELS (baseline) in the voice VOICE (default: `default`, no prompt).
@@ -280,7 +280,7 @@ YAML
   local voices=() bpid="" compare=()
   [ -d "$vox/voices" ] && voices=(--voices "$vox/voices")
   if [ "${BASELINE:-1}" = 1 ]; then
-    python3 "$repo/scripts/baseline_voxcpm.py" --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
+    PYTHONPATH="$repo" python3 -m scripts.voxcpm.baseline --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
       --port 8087 --workers 1 --dtype "${BASE_DTYPE:-bfloat16}" --max-patches "$cap" "${stop[@]}" > "$logs/vox-baseline.log" 2>&1 &
     bpid=$!
     compare=(--compare http://127.0.0.1:8087 --compare-concurrency "${BASE_LEVELS:-1}")
@@ -339,14 +339,14 @@ voxgpu() {
 }
 
 # VoxCPM 1.5's export against OpenBMB/VoxCPM's own code at the real sizes, random weights
-# (scripts/parity_voxcpm.py; the reference copy $VOX_REF, default .ref; ONNX Runtime's Python
+# (scripts/voxcpm/parity.py; the reference copy $VOX_REF, default .ref; ONNX Runtime's Python
 # package on the CPU, the reference on GPU 0). DTYPE (default float32) is the export's: float16
 # exports on GPU 0 and measures its error against the reference's own in bfloat16 and float16.
 # The report goes to $LOGS/voxparity.json ($LOGS/voxparity-float16.json for float16).
 voxparity() {
   local dtype=${DTYPE:-float32} report=$logs/voxparity.json
   [ "$dtype" = float32 ] || report=$logs/voxparity-$dtype.json
-  python3 "$repo/scripts/parity_voxcpm.py" --reference "${VOX_REF:-$repo/.ref}" --work "${VOXPARITY_WORK:-$logs/voxparity}" \
+  PYTHONPATH="$repo" python3 -m scripts.voxcpm.parity --reference "${VOX_REF:-$repo/.ref}" --work "${VOXPARITY_WORK:-$logs/voxparity}" \
     --full --device cuda --dtype "$dtype" --report "$report"
 }
 
@@ -370,7 +370,7 @@ together() {
   "$bin" bench stages --config "$logs/together.yaml" --batch ${BATCHES:-1,16} --tokens ${TOKENS:-15,115} \
     --runs ${RUNS:-5} --together --json "${STAGES_JSON:-$logs/together.json}" 2>"$logs/together.err" ||
     { tail -3 "$logs/together.err"; return 1; }
-  if [ -n "${PROFILE:-}" ]; then python3 "$repo/scripts/ort_profile_summary.py" "$PROFILE"; fi
+  if [ -n "${PROFILE:-}" ]; then PYTHONPATH="$repo" python3 -m scripts.common.ort_profile_summary "$PROFILE"; fi
 }
 
 # Serves $BIG with the given groups and sweeps it with voxmux bench (no baseline).

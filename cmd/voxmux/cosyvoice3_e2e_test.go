@@ -11,7 +11,7 @@ import (
 )
 
 // `voxmux serve` on models/tiny-cosyvoice3: CosyVoice3's published format with random weights,
-// exported by scripts/export_cosyvoice3.py with a random voice bench (`make tiny-cosyvoice3`;
+// exported by scripts/cosyvoice3/export.py with a random voice bench (`make tiny-cosyvoice3`;
 // `make test` makes it first and sets VOXMUX_REQUIRE_TINY_COSYVOICE3, so that its absence fails).
 func TestEndToEndTinyCosyVoice3(t *testing.T) {
 	model := tinyCosyVoice3(t)

@@ -16,7 +16,7 @@ import (
 )
 
 // `voxmux serve` with model: pointing at a folder of Piper-format voices (models/tiny-piper, made
-// by scripts/gen_tiny_piper.py), instances running them through espeak-ng and ONNX Runtime.
+// by scripts/piper/make_tiny.py), instances running them through espeak-ng and ONNX Runtime.
 
 func writePiperConfig(t *testing.T, listen, model string) string {
 	t.Helper()

@@ -33,7 +33,7 @@ func stagesCmd() *cobra.Command {
 			"in a serving instance. A flow shape larger than the model's flow.max_batch_frames is not run\n" +
 			"(on CUDA it would crash the process) and shows as skipped, with the reason.\n" +
 			"The group's provider option profile (a path prefix) makes ONNX Runtime\n" +
-			"write a profile of each session when the command ends (scripts/ort_profile_summary.py reads them).",
+			"write a profile of each session when the command ends (scripts/common/ort_profile_summary.py reads them).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runs < 1 {

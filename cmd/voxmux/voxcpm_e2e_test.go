@@ -17,7 +17,7 @@ import (
 )
 
 // tinyVoxCPM is models/tiny-voxcpm's manifest: VoxCPM 1.5's published format with random
-// weights, exported by scripts/export_voxcpm.py in float32 with a random voice bench (`make
+// weights, exported by scripts/voxcpm/export.py in float32 with a random voice bench (`make
 // tiny-voxcpm`; `make test` makes it first and sets VOXMUX_REQUIRE_TINY_VOXCPM=1, so that its
 // absence fails).
 func tinyVoxCPM(t *testing.T) string {

@@ -26,12 +26,14 @@ import (
 //
 //	go test -run '^$' -bench PiperConcurrency -benchtime 40x ./instance/
 //
-// (scripts/gen_tiny_piper.py writes the bench voice to a temp dir first; needs python3-onnx).
+// (scripts/piper/make_tiny.py writes the bench voice to a temp dir first; needs python3-onnx).
 func BenchmarkPiperConcurrency(b *testing.B) {
 	dir := os.Getenv("VOXMUX_PIPER_BENCH_DIR") // a prebuilt bench voice, for machines without python3-onnx
 	if dir == "" {
 		dir = b.TempDir()
-		if out, err := exec.Command("/usr/bin/python3", "../../scripts/gen_tiny_piper.py", dir, "--bench").CombinedOutput(); err != nil {
+		gen := exec.Command("/usr/bin/python3", "-m", "scripts.piper.make_tiny", dir, "--bench")
+		gen.Dir = "../.."
+		if out, err := gen.CombinedOutput(); err != nil {
 			b.Skipf("cannot build the bench voice: %v\n%s", err, out)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/voxmux/voxmux/instance/ort"
 )
 
-// models/tiny-piper is made by scripts/gen_tiny_piper.py: Piper's graph interface and .onnx.json
+// models/tiny-piper is made by scripts/piper/make_tiny.py: Piper's graph interface and .onnx.json
 // schema; each of the first input_lengths ids lasts ceil(2·length_scale) frames of 256 samples.
 const (
 	tinyPiperDir   = "../../models/tiny-piper"

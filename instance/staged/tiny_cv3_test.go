@@ -13,7 +13,7 @@ import (
 )
 
 // models/tiny-cosyvoice3 is CosyVoice3's published format with random weights
-// (scripts/make_tiny_cosyvoice3.py) run through scripts/export_cosyvoice3.py with a random voice
+// (scripts/cosyvoice3/make_tiny.py) run through scripts/cosyvoice3/export.py with a random voice
 // bench: `make tiny-cosyvoice3` makes it, and `make test` does so before the tests. Its graphs are
 // the real model's, so these tests run the exporter's output through the engine.
 const tinyCV3 = "../../models/tiny-cosyvoice3/pipeline.yaml"

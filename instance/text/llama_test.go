@@ -12,7 +12,7 @@ import (
 )
 
 // tinyLlama loads the tiny MiniCPM-style tokenizer of testdata/voxcpm, written by
-// scripts/voxcpm_tokenizer.py. Its tokenizer_config.json says legacy true, so transformers 5
+// scripts/voxcpm/tokenizer.py. Its tokenizer_config.json says legacy true, so transformers 5
 // (and LoadLlama) put "▁" in front of every piece: PrefixAlways.
 func tinyLlama(t testing.TB) *Llama {
 	t.Helper()
@@ -125,7 +125,7 @@ func TestLlamaPrefixes(t *testing.T) {
 // testdata/llama_parity.json is what transformers' LlamaTokenizerFast (with VoxCPM's split of
 // multi-character Chinese tokens) made of the tiny tokenizer's sentences, llama_fuzz.json the
 // same of 382 random strings, and llama_parity_file.json what the tokenizers library made of the
-// sentences following the file: scripts/tokenizer_parity_voxcpm.py.
+// sentences following the file: scripts/voxcpm/tokenizer_parity.py.
 func TestLlamaParity(t *testing.T) {
 	for _, c := range []struct {
 		file   string
@@ -138,7 +138,7 @@ func TestLlamaParity(t *testing.T) {
 		t.Run(filepath.Base(c.file), func(t *testing.T) {
 			data, err := os.ReadFile(c.file)
 			if errors.Is(err, fs.ErrNotExist) {
-				t.Skipf("%s is absent: scripts/tokenizer_parity_voxcpm.py makes it on a host with transformers", c.file)
+				t.Skipf("%s is absent: scripts/voxcpm/tokenizer_parity.py makes it on a host with transformers", c.file)
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -1,5 +1,5 @@
 // Package voicefeat computes the inputs of a CosyVoice3 zero-shot voice prompt from a reference
-// clip, in pure Go, as scripts/cosyvoice3_voice.py and CosyVoice's own frontend do:
+// clip, in pure Go, as scripts/cosyvoice3/voice.py and CosyVoice's own frontend do:
 //
 //	speech tokens   16 kHz -> WhisperLogMel [128][T]       -> speech_tokenizer_v3.onnx
 //	embedding       16 kHz -> KaldiFbank, SubtractMean      -> campplus.onnx

@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// reference.json is written by testdata/reference.py: scripts/cosyvoice3_voice.py's resampler,
+// reference.json is written by testdata/reference.py: scripts/cosyvoice3/voice.py's resampler,
 // Whisper log-mel and flow mel, and an independent float64 numpy Kaldi fbank, all on the clip
 // that testClip makes.
 

@@ -168,7 +168,7 @@ func (g *graphs) checkPrefill() error {
 		diff = max(diff, math.Abs(float64(x)-float64(mus[1][i])))
 	}
 	if !(diff <= 0.1*scale) {
-		return fmt.Errorf("graphs.prefill: %s gives a prompt padded to %d positions a mu %g from its mu alone (largest value %g): it does not take each row's outputs at its own last position (seqlens_k); export it again with scripts/export_voxcpm.py (docs/voxcpm.md)",
+		return fmt.Errorf("graphs.prefill: %s gives a prompt padded to %d positions a mu %g from its mu alone (largest value %g): it does not take each row's outputs at its own last position (seqlens_k); export it again with scripts/voxcpm/export.py (docs/voxcpm.md)",
 			m.Path(m.Graphs.Prefill), prefillStep, diff, scale)
 	}
 	return nil

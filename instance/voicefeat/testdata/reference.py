@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Reference values for the voicefeat tests: reference.json.
 
-    /usr/bin/python3 instance/voicefeat/testdata/reference.py > instance/voicefeat/testdata/reference.json
+    PYTHONPATH=. /usr/bin/python3 instance/voicefeat/testdata/reference.py > instance/voicefeat/testdata/reference.json
 
 Needs torch and numpy. Resampling, Whisper's log-mel and the flow's mel come from
-scripts/cosyvoice3_voice.py, the exporter's own functions (its torchaudio-free resampler). The
+scripts/cosyvoice3/voice.py, the exporter's own functions (its torchaudio-free resampler). The
 Kaldi fbank is computed here in float64 numpy from Kaldi's algorithm (feature-window.cc,
 mel-computations.cc, feature-fbank.cc) with the options CosyVoice passes to torchaudio's
 kaldi.fbank, so that it is checked against something other than the Go code.
@@ -16,15 +16,12 @@ weak 7 kHz tone and uniform noise from splitmix64, with 50 ms of digital silence
 
 import json
 import math
-import os
 import sys
 
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "scripts"))
-import cosyvoice3_voice as v  # noqa: E402
+from scripts.cosyvoice3 import voice as v
 
 SEED = 0x5EED
 MASK = (1 << 64) - 1

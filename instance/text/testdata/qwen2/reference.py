@@ -1,4 +1,7 @@
-import json, os, sys, transformers
+import json
+import os
+
+import transformers
 from transformers import AutoTokenizer, Qwen2Tokenizer
 d = os.path.dirname(os.path.abspath(__file__))
 specials = json.load(open(os.path.join(d, "cv3_specials.json")))
@@ -6,7 +9,8 @@ corpus = json.load(open(os.path.join(d, "corpus.json")))
 st = {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "additional_special_tokens": specials}
 fast = AutoTokenizer.from_pretrained(d)
 fast.add_special_tokens(st)
-slow = Qwen2Tokenizer(os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt"), errors="replace", unk_token=None, bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+slow = Qwen2Tokenizer(os.path.join(d, "vocab.json"), os.path.join(d, "merges.txt"), errors="replace", unk_token=None,
+                      bos_token=None, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 slow.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
 slow.add_special_tokens(st)
 out = {"transformers": transformers.__version__, "fast_class": type(fast).__name__, "cases": []}
@@ -18,7 +22,8 @@ for t in corpus:
         mism += 1
         print("MISMATCH slow/fast", repr(t), a, b)
     out["cases"].append({"text": t, "ids": a})
-out["specials"] = {s: fast.convert_tokens_to_ids(s) for s in ["<|endofprompt|>", "[breath]", "[laughter]", "<|endofsystem|>", "[ǜ]"]}
+out["specials"] = {s: fast.convert_tokens_to_ids(s)
+                   for s in ["<|endofprompt|>", "[breath]", "[laughter]", "<|endofsystem|>", "[ǜ]"]}
 out["vocab_size"] = len(fast)
 print("slow/fast mismatches:", mism, "len", len(fast), out["specials"])
 dst = os.environ.get("OUT", "/tmp")

@@ -1,0 +1,1 @@
+"""Layers and helpers the families share."""

@@ -1,0 +1,1 @@
+"""CosyVoice3, served by the staged family (instance/staged)."""

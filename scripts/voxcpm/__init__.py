@@ -1,0 +1,1 @@
+"""VoxCPM 1.5 (instance/voxcpm)."""
