@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..common.layers import RMSNorm, rotate_half
 from ..common.ort_ops import GroupQueryAttentionOp
 
 # ---------------------------------------------------------------------------------------------
@@ -240,27 +241,6 @@ def load_into(module, state, name, ignore=()):
 
 # ---------------------------------------------------------------------------------------------
 # LM
-
-
-def rms_norm(x, weight, eps):
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Qwen2Attention(nn.Module):

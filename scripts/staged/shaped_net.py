@@ -31,6 +31,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..common import layers
+from ..common.layers import rms_norm, rotate_half
+from ..common.ort_ops import GroupQueryAttentionOp
+
 SEED = 20250805
 
 # Tokenizer ("bytes", docs/pipeline.md): 0 pad, 1 bos, 2 sos, byte b -> b + 3.
@@ -90,12 +94,6 @@ assert math.prod(VOC_UPSAMPLE_RATES) * VOC_SYNTH_HOP == HOP == SAMPLE_RATE // (T
 
 # Additive attention bias of a masked position (scores are float32 here).
 MASKED = 1e9
-
-
-def rotate_half(x, half):
-    """RoPE's rotation of the last axis (2*half wide); half is a constant so that tracing keeps
-    the slices static."""
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def rope_cos_sin(positions, head_dim, theta, dtype):
@@ -255,13 +253,6 @@ class SkipRMSNormOp(torch.autograd.Function):
         return y, s
 
 
-def rms_norm(x, weight, eps):
-    """RMSNorm with its statistics in float32."""
-    h = x.to(torch.float32)
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
 class RMSNormOp(torch.autograd.Function):
     """RMSNorm with a weight, statistics in float32; exported as ONNX Runtime's
     SimplifiedLayerNormalization (which ONNX Runtime defines in the default domain)."""
@@ -289,32 +280,6 @@ class ReshapeOp(torch.autograd.Function):
     @staticmethod
     def symbolic(g, x, shape):
         return g.op("Reshape", x, g.op("Constant", value_t=torch.tensor(shape, dtype=torch.int64)))
-
-
-class GroupQueryAttentionOp(torch.autograd.Function):
-    """Decoder attention over a key/value cache that is written in place: q [B,T,896], k and v
-    [B,T,128], caches [B,2,max_positions,64] holding each row's positions 0..n-1; exported as
-    com.microsoft GroupQueryAttention with RoPE inside (do_rotary, rotate-half), which takes each
-    row's length from seqlens_k (length after this run, minus one) and the positions from it.
-    When the caller binds past and present to the same memory, ONNX Runtime appends the new keys
-    in place (past_present_share_buffer): no copy of the cache per step, no attention mask and no
-    shape arithmetic in the graph. forward only gives tracing the shapes; the export's checks
-    compare the graph with SpeechLM's plain arithmetic."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
-        return q.clone(), past_k.clone(), past_v.clone()
-
-    @staticmethod
-    def symbolic(g, q, k, v, past_k, past_v, seqlens_k, total_len, cos_cache, sin_cache):
-        out, pk, pv = g.op(MS_DOMAIN + "::GroupQueryAttention", q, k, v, past_k, past_v, seqlens_k,
-                           total_len, cos_cache, sin_cache, num_heads_i=LM_Q_HEADS,
-                           kv_num_heads_i=LM_KV_HEADS, do_rotary_i=1, rotary_interleaved_i=0,
-                           outputs=3)
-        out.setType(q.type())
-        pk.setType(past_k.type())
-        pv.setType(past_v.type())
-        return out, pk, pv
 
 
 SKIP_NORMS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization")
@@ -391,11 +356,11 @@ def use_fused(models, on=True):
 # LM
 
 
-class RMSNorm(nn.Module):
+class RMSNorm(layers.RMSNorm):
+    """The shared RMSNorm, exported as ONNX Runtime's SimplifiedLayerNormalization when fused."""
+
     def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        super().__init__(dim, eps)
         self.fused = False
 
     def forward(self, x):
@@ -507,7 +472,7 @@ class LMLayer(nn.Module):
         b = torch.cat((at.q_proj.bias, at.k_proj.bias, at.v_proj.bias))
         q, k, v = F.linear(x, w, b).split([QD, KD, KD], dim=-1)
         ctx, pk, pv = GroupQueryAttentionOp.apply(q, k, v, past_k, past_v, seqlens_k, total_len,
-                                                  cos_cache, sin_cache)
+                                                  cos_cache, sin_cache, LM_Q_HEADS, LM_KV_HEADS)
         return at.o_proj(ctx), pk, pv
 
     def forward_shared(self, h, seqlens_k, total_len, cos_cache, sin_cache, past_k, past_v):

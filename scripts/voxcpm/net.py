@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..common.layers import RMSNorm
 from ..common.ort_ops import GroupQueryAttentionNoRopeOp, GroupQueryAttentionOp
 
 # ---------------------------------------------------------------------------------------------
@@ -323,18 +324,6 @@ def load_model(model_dir, cfg=None, log=None):
 
 # ---------------------------------------------------------------------------------------------
 # MiniCPM-4
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return h.to(x.dtype) * self.weight
 
 
 def longrope_half(c, positions):
