@@ -17,8 +17,10 @@ consul_tests='WithRealConsulAgent|WithRealAgent'
 ${MAKE:-make} --no-print-directory tiny-cosyvoice3
 # The VoxCPM tests run its exporter's output (models/tiny-voxcpm) likewise.
 ${MAKE:-make} --no-print-directory tiny-voxcpm
-# The exporter's feature extraction for voices made from a clip (filterbanks, spectra, resampling).
-/usr/bin/python3 -m scripts.tests.test_cosyvoice3_voice
+# The Python side: its linter and its tests (shared layers, tiny checkpoint makers, the exporter's
+# voice features), with the Debian interpreter the scripts run under (setup.cfg configures both).
+/usr/bin/python3 -m flake8 scripts instance
+/usr/bin/python3 -m pytest -q scripts/tests
 export VOXMUX_REQUIRE_TINY_COSYVOICE3=1
 export VOXMUX_REQUIRE_TINY_VOXCPM=1
 $GO vet ./...

@@ -1,6 +1,6 @@
 """Tests of scripts/cosyvoice3/voice.py and the exporter's --voice-wav/--voice-text handling.
 
-    python3 -m scripts.tests.test_cosyvoice3_voice
+    /usr/bin/python3 -m pytest scripts/tests/test_cosyvoice3_voice.py
 
 Needs torch, numpy and PyYAML. The two ONNX networks are replaced by stand-ins (they and the
 Kaldi fbank need onnxruntime and torchaudio); everything around them is checked against values
@@ -10,9 +10,7 @@ derived here.
 import math
 import os
 import struct
-import sys
 import tempfile
-import traceback
 import wave
 
 import numpy as np
@@ -434,22 +432,3 @@ def test_exporter_args_and_voice_folder():
                  "mel": "mel.f32", "embedding": "embedding.f32"}, y
     assert np.array_equal(np.fromfile(os.path.join(d, "mel.f32"), "<f4").reshape(6, 80), p.mel)
     assert np.fromfile(os.path.join(d, "embedding.f32"), "<f4").shape == (192,)
-
-
-def main():
-    tests = [(k, f) for k, f in sorted(globals().items()) if k.startswith("test_") and callable(f)]
-    failed = 0
-    for name, fn in tests:
-        try:
-            fn()
-            print("ok   %s" % name)
-        except Exception:
-            failed += 1
-            print("FAIL %s" % name)
-            traceback.print_exc()
-    print("%d passed, %d failed" % (len(tests) - failed, failed))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
