@@ -22,7 +22,7 @@ run: deps ort build voices
 	$(BIN) serve --config configs/cpu.yaml
 
 # Installs what is missing (Debian packages, ONNX Runtime, a Consul agent), makes
-# models/tiny-cosyvoice3 and models/tiny-voxcpm and runs every test.
+# models/tiny-cosyvoice3 and models/tiny-voxcpm and runs every test, the Python tests and linter included.
 test:
 	GO=$(GO) scripts/test.sh
 
