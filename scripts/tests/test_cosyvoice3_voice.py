@@ -10,16 +10,23 @@ derived here.
 import math
 import os
 import struct
-import tempfile
 import wave
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
 from ..cosyvoice3 import voice as v
 
-TMP = tempfile.mkdtemp(prefix="cv3voice-")
+# The folder the tests write their files to: pytest's, one per run of this module.
+TMP = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tmp(tmp_path_factory):
+    global TMP
+    TMP = str(tmp_path_factory.mktemp("cv3voice"))
 
 
 def has(module):
