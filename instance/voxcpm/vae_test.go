@@ -246,13 +246,13 @@ func TestResolveModes(t *testing.T) {
 		cuda bool
 		want graphModes
 	}{
-		{tts.EngineOptions{}, true, graphModes{step: graphOff}},
-		{tts.EngineOptions{LMCUDAGraph: "on"}, true, graphModes{step: graphOn, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: graphOn}},
-		{tts.EngineOptions{VocoderCUDAGraph: "on"}, true, graphModes{step: graphOff, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: graphFixed, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderBatchesSet: true}, true, graphModes{step: graphOn, plainVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: graphFixed}},
+		{tts.EngineOptions{}, true, graphModes{step: StepGraphOff}},
+		{tts.EngineOptions{LMCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: StepGraphOn}},
+		{tts.EngineOptions{VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOff, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphFixed, captureVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderBatchesSet: true}, true, graphModes{step: StepGraphOn, plainVAE: true}},
+		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: StepGraphFixed}},
 	} {
 		if got := resolveModes(c.o, c.cuda); got != c.want {
 			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)
