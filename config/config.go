@@ -170,7 +170,7 @@ type Engines interface {
 	// CheckOptions parses section with the family that serves the model at path; an error about
 	// one key is a *tts.OptionError naming it.
 	CheckOptions(path string, section tts.EngineSection) error
-	// OptionFamily names a family that has the engine option key, "" when none has it.
+	// OptionFamily names the families that have the engine option key, "" when none has it.
 	OptionFamily(key string) string
 }
 

@@ -104,12 +104,14 @@ func (fs Families) CheckOptions(path string, section tts.EngineSection) error {
 	return err
 }
 
-// OptionFamily names a family that has the engine option key, "" when none has it.
+// OptionFamily names the families that have the engine option key, joined by "/" (as
+// "voxcpm/staged"), "" when none has it.
 func (fs Families) OptionFamily(key string) string {
+	var names []string
 	for _, f := range fs {
 		if slices.Contains(f.OptionKeys(), key) {
-			return f.Name()
+			names = append(names, f.Name())
 		}
 	}
-	return ""
+	return strings.Join(names, "/")
 }

@@ -77,11 +77,6 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
-	// Only the family serving the model knows its engine options: it parses each group's now, so
-	// a bad one stops serve with its line before any instance starts.
-	if err := cfg.CheckEngines(families); err != nil {
-		return err
-	}
 	// The instances' sockets live in a folder of this serve's, removed when it exits; one left by a
 	// serve that was killed is removed by the next.
 	sockDir, err := makeSocketDir(log)
@@ -92,6 +87,11 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	model, err := families.Describe(cfg.ModelPath())
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
+	}
+	// Only the family serving the model knows its engine options: it parses each group's now, so
+	// a bad one stops serve with its line before any instance starts.
+	if err := cfg.CheckEngines(families); err != nil {
+		return err
 	}
 	ortLib, err := findORT(cfg)
 	if err != nil {
