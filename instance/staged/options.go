@@ -9,7 +9,7 @@ import (
 )
 
 // Options are the staged family's engine options, set under a group's `engine:`
-// (docs/operations.md, "Engine options") and checked when the config loads. The zero value of
+// (docs/pipeline.md, "Engine options") and checked when the config loads. The zero value of
 // each is the default for the provider (resolveOptions); each field says what that is and why.
 type Options struct {
 	ort.Options
