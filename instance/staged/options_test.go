@@ -88,7 +88,7 @@ func TestParseOptions(t *testing.T) {
 		`{"flow_workers": 9}`:           "engine.flow_workers: 9 is not a number of workers from 1 to 8",
 		`{"vocoder_batches": [4, "x"]}`: `engine.vocoder_batches: [4, "x"] is not a list of whole numbers`,
 		`{"vocoder_cuda_graph": "on"}`:  "engine.vocoder_cuda_graph: the staged family's vocoder runs uncaptured; only voxcpm models capture theirs",
-		`{"piper_batch": 8}`:            "engine.piper_batch: unknown key; the staged family's keys are profile, intra_op_num_threads, vocoder_batches, vocoder_window, lm_stream_priority, lm_cuda_graph, flow_cuda_graph, vocoder_cuda_graph, flow_workers, flow_first_worker, exact_batches",
+		`{"piper_batch": 8}`:            "engine.piper_batch: unknown key; the staged family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
 	} {
 		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %s", section, err, want)

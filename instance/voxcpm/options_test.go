@@ -1,6 +1,7 @@
 package voxcpm
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/voxmux/voxmux/tts"
@@ -17,7 +18,7 @@ func TestParseOptions(t *testing.T) {
 	for section, want := range map[string]string{
 		`{"lm_cuda_graph": "yes"}`:    `engine.lm_cuda_graph: "yes" is not one of [on decode fixed off]`,
 		`{"vocoder_cuda_graph": 1}`:   "engine.vocoder_cuda_graph: 1 is not a string",
-		`{"flow_workers": 2}`:         "engine.flow_workers: unknown key; the voxcpm family's keys are profile, intra_op_num_threads, lm_cuda_graph, vocoder_cuda_graph, vocoder_batches",
+		`{"flow_workers": 2}`:         "engine.flow_workers: unknown key; the voxcpm family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
 		`{"vocoder_batches": [1, 4]}`: "engine.vocoder_batches: [1 4]: voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies",
 	} {
 		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
