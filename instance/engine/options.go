@@ -14,8 +14,8 @@ import (
 // ParseOptions decodes a family's `engine:` section into dst, a pointer to the family's options
 // struct: each field is a key, named by its json tag, and an embedded struct's fields are keys of
 // the family too (a set shared by several families, such as ort.Options). Each key is decoded on
-// its own, so every error is a *tts.OptionError naming its key; an unknown key lists family's
-// keys. A key whose value is null stays unset.
+// its own, so every error is a *tts.OptionError naming its key; an unknown key lists the
+// family's keys. A key whose value is null stays unset.
 func ParseOptions(family string, section tts.EngineSection, dst any) error {
 	v := reflect.ValueOf(dst)
 	if v.Kind() != reflect.Pointer || v.Elem().Kind() != reflect.Struct {
