@@ -2,11 +2,14 @@
 package config
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -63,6 +66,8 @@ type Config struct {
 
 	// File is where the config was read from (for messages and relative paths).
 	File string `yaml:"-"`
+	// data is the file's text, for the lines of errors found after Parse (CheckEngines).
+	data []byte
 }
 
 // Group is a set of GPUs that runs its own instances.
@@ -80,26 +85,16 @@ type Group struct {
 	// GPUMemoryLimit caps ONNX Runtime's CUDA arena per GPU: bytes ("8GiB") or a fraction of the
 	// device ("0.4"). Empty leaves ONNX Runtime's default.
 	GPUMemoryLimit string `yaml:"gpu_memory_limit"`
+	// GPUMemory is GPUMemoryLimit as Parse read it.
+	GPUMemory tts.MemoryLimit `yaml:"-"`
 	// ArenaExtendStrategy is ONNX Runtime's arena_extend_strategy: kNextPowerOfTwo or kSameAsRequested.
 	ArenaExtendStrategy string `yaml:"arena_extend_strategy"`
 	// ProviderOptions are passed to ONNX Runtime's execution provider as they are (e.g.
 	// cudnn_conv_algo_search); the engine's own switches are under Engine.
 	ProviderOptions map[string]string `yaml:"provider_options"`
-	// Engine are the engine's own switches (docs/operations.md), checked here at load.
-	Engine tts.EngineOptions `yaml:"engine"`
-}
-
-// isEngineOptionKey reports whether key is one of tts.EngineOptions' YAML keys: a
-// provider_options entry of that name is a misplaced engine option, which ONNX Runtime would reject
-// with a less helpful message.
-func isEngineOptionKey(key string) bool {
-	t := reflect.TypeFor[tts.EngineOptions]()
-	for i := range t.NumField() {
-		if tag, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); tag == key && tag != "-" {
-			return true
-		}
-	}
-	return false
+	// Engine is the group's `engine:` section, the options of the model family serving it, kept
+	// as JSON: only that family knows its keys, and parses it (CheckEngines).
+	Engine tts.EngineSection `yaml:"engine"`
 }
 
 // Placements of the stages inside a group.
@@ -128,21 +123,79 @@ func Load(path string) (*Config, error) {
 // Parse decodes data (read from file) strictly: an unknown key is an error naming it and its line.
 func Parse(file string, data []byte) (*Config, error) {
 	var c Config
-	if err := yaml.UnmarshalWithOptions(data, &c, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
+	if err := yaml.UnmarshalWithOptions(data, &c, yaml.DisallowUnknownField(), yaml.Strict(),
+		yaml.CustomUnmarshaler(unmarshalEngine)); err != nil {
 		return nil, fmt.Errorf("config %s: %s", file, yaml.FormatError(err, false, true))
 	}
-	c.File = file
+	c.File, c.data = file, data
 	c.applyDefaults()
 	if err := c.validate(); err != nil {
-		var fe *fieldError
-		if errors.As(err, &fe) {
-			if line := lineOf(data, fe.path); line > 0 {
-				return nil, fmt.Errorf("config %s:%d: %w", file, line, err)
-			}
-		}
-		return nil, fmt.Errorf("config %s: %w", file, err)
+		return nil, c.located(err)
 	}
 	return &c, nil
+}
+
+// unmarshalEngine keeps a group's engine section as JSON, for the family that parses it.
+func unmarshalEngine(s *tts.EngineSection, b []byte) error {
+	j, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		return err
+	}
+	var c bytes.Buffer
+	if err := json.Compact(&c, j); err != nil {
+		return err
+	}
+	if c.String() == "null" {
+		*s = nil
+		return nil
+	}
+	*s = c.Bytes()
+	return nil
+}
+
+// located prefixes err with the file, and the line of the key a *fieldError names.
+func (c *Config) located(err error) error {
+	var fe *fieldError
+	if errors.As(err, &fe) {
+		if line := lineOf(c.data, fe.path); line > 0 {
+			return fmt.Errorf("config %s:%d: %w", c.File, line, err)
+		}
+	}
+	return fmt.Errorf("config %s: %w", c.File, err)
+}
+
+// Engines are the model families, which alone know the keys of a group's `engine:` section
+// (instance.Families).
+type Engines interface {
+	// CheckOptions parses section with the family that serves the model at path; an error about
+	// one key is a *tts.OptionError naming it.
+	CheckOptions(path string, section tts.EngineSection) error
+	// OptionFamily names the families that have the engine option key, "" when none has it.
+	OptionFamily(key string) string
+}
+
+// CheckEngines has the family serving the model parse each group's `engine:` section, so a bad
+// option stops the load with its key, line and file, and refuses a provider_options entry that is
+// an engine option (which ONNX Runtime would refuse with a less helpful message).
+func (c *Config) CheckEngines(e Engines) error {
+	for i, g := range c.Groups {
+		p := fmt.Sprintf("$.groups[%d]", i)
+		k := fmt.Sprintf("groups[%d]", i)
+		for _, key := range slices.Sorted(maps.Keys(g.ProviderOptions)) {
+			if fam := e.OptionFamily(key); fam != "" {
+				return c.located(bad(p+".provider_options", k+".provider_options."+key,
+					"group %q: %s is an engine option (of the %s family), not ONNX Runtime's: set it as %s.engine.%s", g.Name, key, fam, k, key))
+			}
+		}
+		if err := e.CheckOptions(c.ModelPath(), g.Engine); err != nil {
+			var oe *tts.OptionError
+			if errors.As(err, &oe) {
+				return c.located(bad(p+".engine."+oe.Key, k+".engine."+oe.Key, "group %q: %s", g.Name, oe.Msg))
+			}
+			return c.located(bad(p+".engine", k+".engine", "group %q: %v", g.Name, err))
+		}
+	}
+	return nil
 }
 
 func (c *Config) applyDefaults() {
@@ -222,20 +275,8 @@ func (c *Config) validate() error {
 		if g.MaxInflight < 0 {
 			return bad(p+".max_inflight", k+".max_inflight", "group %q: must be at least 1", g.Name)
 		}
-		if g.Engine.VocoderBatches != nil {
-			c.Groups[i].Engine.VocoderBatchesSet = true // vocoder_batches: [] is set, and empty
-		}
-		if err := g.Engine.Validate(); err != nil {
-			var oe *tts.OptionError
-			if errors.As(err, &oe) {
-				return bad(p+".engine."+oe.Key, k+".engine."+oe.Key, "group %q: %s", g.Name, oe.Msg)
-			}
+		if _, err := g.Engine.Fields(); err != nil {
 			return bad(p+".engine", k+".engine", "group %q: %v", g.Name, err)
-		}
-		for key := range g.ProviderOptions {
-			if isEngineOptionKey(key) {
-				return bad(p+".provider_options", k+".provider_options."+key, "group %q: %s is an engine option, not ONNX Runtime's: set it as %s.engine.%s", g.Name, key, k, key)
-			}
 		}
 		if c.Provider == ProviderCUDA && len(g.GPUs) == 0 {
 			return bad(p, k+".gpus", "group %q: provider cuda needs at least one GPU", g.Name)

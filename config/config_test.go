@@ -4,9 +4,12 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/voxmux/voxmux/tts"
 )
 
 const testFile = "/etc/voxmux/test.yaml"
@@ -107,6 +110,7 @@ groups:
 			got.CORS = CORS{} // TestCORS
 			got.Realtime = Realtime{}
 			got.Voices = Voices{} // TestVoices
+			got.data = nil        // the file's text, for the lines of CheckEngines' errors
 			if !reflect.DeepEqual(*got, tt.want) {
 				t.Errorf("Parse =\n%+v\nwant\n%+v", *got, tt.want)
 			}
@@ -114,22 +118,96 @@ groups:
 	}
 }
 
-// Engine options load typed; vocoder_batches: [] is set (one session for every shape), which an
-// absent key is not.
-func TestParseEngineOptions(t *testing.T) {
-	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n    engine: {flow_workers: 3, flow_first_worker: share, vocoder_batches: [1, 8], vocoder_window: -1}\n  - name: b\n    engine: {vocoder_batches: []}\n  - name: c\n"))
+// A group's engine section is kept as JSON for the family serving the model, in the file's order;
+// vocoder_batches: [] stays an empty list, which an absent key is not.
+func TestParseEngineSection(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n    engine: {flow_workers: 3, flow_first_worker: share, vocoder_batches: [1, 8], vocoder_window: -1}\n  - name: b\n    engine: {vocoder_batches: []}\n  - name: c\n  - name: d\n    engine:\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b, d := c.Groups[0].Engine, c.Groups[1].Engine, c.Groups[2].Engine
-	if a.FlowWorkers != 3 || a.FlowFirstWorker != "share" || len(a.VocoderBatches) != 2 || a.VocoderBatches[1] != 8 || a.VocoderWindow != -1 || !a.VocoderBatchesSet {
-		t.Errorf("group a: %+v", a)
+	for i, want := range []string{`{"flow_workers":3,"flow_first_worker":"share","vocoder_batches":[1,8],"vocoder_window":-1}`, `{"vocoder_batches":[]}`, ``, ``} {
+		if got := string(c.Groups[i].Engine); got != want {
+			t.Errorf("group %s: engine %s, want %s", c.Groups[i].Name, got, want)
+		}
 	}
-	if !b.VocoderBatchesSet || len(b.VocoderBatches) != 0 {
-		t.Errorf("group b (vocoder_batches: []): %+v", b)
+	if _, err := Parse(testFile, []byte("model: m.yaml\ngroups:\n  - name: a\n    engine: [flow_workers]\n")); err == nil ||
+		!strings.Contains(err.Error(), testFile+":4:") || !strings.Contains(err.Error(), "groups[0].engine") {
+		t.Errorf("an engine section that is not a mapping: %v", err)
 	}
-	if d.VocoderBatchesSet {
-		t.Errorf("group c (no engine key): %+v", d)
+}
+
+// fakeEngines are two families with their own keys, as instance.Families checks them: only the
+// family of the model (the one whose name starts the model's file name) parses the section.
+type fakeEngines map[string][]string
+
+func (f fakeEngines) CheckOptions(path string, section tts.EngineSection) error {
+	fam, _, _ := strings.Cut(filepath.Base(path), ".")
+	fields, err := section.Fields()
+	if err != nil {
+		return err
+	}
+	for _, kv := range fields {
+		if !slices.Contains(f[fam], kv.Key) {
+			if other := f.OptionFamily(kv.Key); other != "" {
+				return &tts.OptionError{Key: kv.Key, Msg: "an option of the " + other + " family"}
+			}
+			return &tts.OptionError{Key: kv.Key, Msg: "unknown key"}
+		}
+		if string(kv.Value) == "9" {
+			return &tts.OptionError{Key: kv.Key, Msg: "9 is not from 1 to 8"}
+		}
+	}
+	return nil
+}
+
+func (f fakeEngines) OptionFamily(key string) string {
+	for fam, keys := range f {
+		if slices.Contains(keys, key) {
+			return fam
+		}
+	}
+	return ""
+}
+
+// CheckEngines reports the family's error about a key with the group, the key, its line and the
+// file, and refuses an engine option set among ONNX Runtime's provider options.
+func TestCheckEngines(t *testing.T) {
+	engines := fakeEngines{"staged": {"flow_workers"}, "piper": {"piper_batch"}}
+	for _, tt := range []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"option out of range", "model: staged.yaml\ngroups:\n  - name: a\n  - name: b\n    engine:\n      flow_workers: 9\n",
+			[]string{testFile + ":6:", `group "b"`, "groups[1].engine.flow_workers", "from 1 to 8"}},
+		{"another family's option", "model: piper.onnx\ngroups:\n  - name: a\n    engine:\n      piper_batch: 2\n      flow_workers: 2\n",
+			[]string{testFile + ":6:", "groups[0].engine.flow_workers", "staged family"}},
+		{"unknown option", "model: staged.yaml\ngroups:\n  - name: a\n    engine: {flow_worker: 2}\n",
+			[]string{testFile + ":4:", "groups[0].engine.flow_worker", "unknown key"}},
+		{"engine option among ONNX Runtime's provider options", "model: piper.onnx\ngroups:\n  - name: a\n    provider_options: {flow_workers: \"2\"}\n",
+			[]string{testFile + ":4:", "groups[0].provider_options.flow_workers", "engine option (of the staged family)", "groups[0].engine.flow_workers"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse(testFile, []byte(tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.CheckEngines(engines)
+			if err == nil {
+				t.Fatal("CheckEngines accepted it")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+	c, err := Parse(testFile, []byte("model: staged.yaml\ngroups:\n  - name: a\n    engine: {flow_workers: 2}\n  - name: b\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckEngines(engines); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -281,36 +359,6 @@ func TestParseErrors(t *testing.T) {
 			name: "wrong type",
 			yaml: "model: m.yaml\ngroups:\n  - name: a\n    gpus: zero\n",
 			want: []string{"[4:"},
-		},
-		{
-			name: "engine option out of range",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      flow_workers: 9\n",
-			want: []string{testFile + ":5:", "groups[0].engine.flow_workers", "from 1 to 8"},
-		},
-		{
-			name: "engine option not one of its values",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine: {lm_cuda_graph: yes}\n",
-			want: []string{"groups[0].engine.lm_cuda_graph", `"yes"`},
-		},
-		{
-			name: "vocoder graphs not one of their values",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine: {vocoder_cuda_graph: fixed}\n",
-			want: []string{"groups[0].engine.vocoder_cuda_graph", `"fixed"`},
-		},
-		{
-			name: "vocoder batches that do not rise",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      vocoder_batches: [4, 2]\n",
-			want: []string{"groups[0].engine.vocoder_batches", "must rise"},
-		},
-		{
-			name: "unknown engine option",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    engine:\n      flow_worker: 2\n",
-			want: []string{`"flow_worker"`, "[5:"},
-		},
-		{
-			name: "engine option among ONNX Runtime's provider options",
-			yaml: "model: m.yaml\ngroups:\n  - name: a\n    provider_options: {flow_workers: \"2\"}\n",
-			want: []string{"groups[0].provider_options.flow_workers", "engine option", "groups[0].engine.flow_workers"},
 		},
 	}
 	for _, tt := range tests {
@@ -491,6 +539,19 @@ func TestOpsDefaults(t *testing.T) {
 	}
 }
 
+// A group's gpu_memory_limit is parsed at load into the typed limit the instance is given.
+func TestGPUMemoryLimitParsedAtLoad(t *testing.T) {
+	c, err := Parse(testFile, []byte("model: m\nprovider: cuda\ngroups: [{name: a, gpus: [0], gpu_memory_limit: 8GiB}, {name: b, gpus: [1], gpu_memory_limit: \"0.4\"}, {name: c, gpus: [2]}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []tts.MemoryLimit{{Bytes: 8 << 30}, {Fraction: 0.4}, {}} {
+		if got := c.Groups[i].GPUMemory; got != want {
+			t.Errorf("group %s: %+v, want %+v", c.Groups[i].Name, got, want)
+		}
+	}
+}
+
 func TestOpsErrors(t *testing.T) {
 	cases := []struct{ yaml, want string }{
 		{"model: m\nadmin: {listen: 127.0.0.1:9090}\ngroups: [{name: a}]\n", "admin.token"},
@@ -578,13 +639,13 @@ func TestAdminListenAndToken(t *testing.T) {
 
 func TestParseMemoryLimit(t *testing.T) {
 	for in, want := range map[string][2]float64{"8GiB": {8 << 30, 0}, "512MiB": {512 << 20, 0}, "1000": {1000, 0}, "0.4": {0, 0.4}, "2GB": {2e9, 0}} {
-		b, f, err := ParseMemoryLimit(in)
-		if err != nil || float64(b) != want[0] || f != want[1] {
-			t.Errorf("%s: %d %g %v", in, b, f, err)
+		l, err := ParseMemoryLimit(in)
+		if err != nil || float64(l.Bytes) != want[0] || l.Fraction != want[1] {
+			t.Errorf("%s: %+v %v", in, l, err)
 		}
 	}
 	for _, in := range []string{"", "0", "1.5", "-1GiB", "lots", "0.0"} {
-		if _, _, err := ParseMemoryLimit(in); err == nil {
+		if _, err := ParseMemoryLimit(in); err == nil {
 			t.Errorf("%q accepted", in)
 		}
 	}

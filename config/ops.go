@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/voxmux/voxmux/tts"
 )
 
 // Queue bounds the requests that wait while every instance is at its max_inflight.
@@ -202,9 +204,11 @@ func (c *Config) validateOps() error {
 			if c.Provider != ProviderCUDA {
 				return bad(p+".gpu_memory_limit", k+".gpu_memory_limit", "group %q: a GPU memory limit needs provider cuda", g.Name)
 			}
-			if _, _, err := ParseMemoryLimit(g.GPUMemoryLimit); err != nil {
+			l, err := ParseMemoryLimit(g.GPUMemoryLimit)
+			if err != nil {
 				return bad(p+".gpu_memory_limit", k+".gpu_memory_limit", "group %q: %v", g.Name, err)
 			}
+			c.Groups[i].GPUMemory = l
 		}
 		switch g.ArenaExtendStrategy {
 		case "", "kNextPowerOfTwo", "kSameAsRequested":
@@ -216,8 +220,13 @@ func (c *Config) validateOps() error {
 }
 
 // ParseMemoryLimit reads "8GiB", "512MiB", "1000000000" (bytes) or a fraction of the device such
-// as "0.4". It returns bytes, or the fraction with bytes 0.
-func ParseMemoryLimit(s string) (bytes uint64, fraction float64, err error) {
+// as "0.4".
+func ParseMemoryLimit(s string) (tts.MemoryLimit, error) {
+	b, f, err := parseMemoryLimit(s)
+	return tts.MemoryLimit{Bytes: b, Fraction: f}, err
+}
+
+func parseMemoryLimit(s string) (bytes uint64, fraction float64, err error) {
 	s = strings.TrimSpace(s)
 	for _, u := range []struct {
 		suffix string

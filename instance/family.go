@@ -3,6 +3,8 @@ package instance
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/voxmux/voxmux/tts"
 )
@@ -26,6 +28,16 @@ type CancelStatser interface {
 // Family is one kind of model voxmux serves. A new kind of model is a new package implementing
 // Family, handed to the service by main; nothing else changes.
 type Family interface {
+	// Name is the family's name, the Kind of the descriptions it gives ("staged", "piper",
+	// "voxcpm").
+	Name() string
+	// OptionKeys are the keys of the family's `engine:` section, its own options.
+	OptionKeys() []string
+	// ParseOptions parses and checks a group's `engine:` section into the family's own Options,
+	// which it returns; an error about one key is a *tts.OptionError naming it. The config loading
+	// calls it (through Families.CheckOptions) so a bad option names its line; Open parses
+	// cfg.Engine the same way.
+	ParseOptions(section tts.EngineSection) (any, error)
 	// Claims reports whether the model at path is of this family, reading as little as it can.
 	Claims(path string) bool
 	// Describe reads the model at path, without loading any graph, and checks it can be served.
@@ -63,4 +75,43 @@ func (fs Families) Open(cfg tts.LoadConfig) (Runner, tts.Description, error) {
 		return nil, tts.Description{}, err
 	}
 	return f.Open(cfg)
+}
+
+// CheckOptions parses a group's `engine:` section with the family that serves the model at path.
+// A key of another family is refused naming that family; an error about one key is a
+// *tts.OptionError naming it.
+func (fs Families) CheckOptions(path string, section tts.EngineSection) error {
+	f, err := fs.of(path)
+	if err != nil {
+		return err
+	}
+	fields, err := section.Fields()
+	if err != nil {
+		return err
+	}
+	own := f.OptionKeys()
+	for _, kv := range fields {
+		if slices.Contains(own, kv.Key) {
+			continue
+		}
+		if other := fs.OptionFamily(kv.Key); other != "" {
+			return &tts.OptionError{Key: kv.Key, Msg: fmt.Sprintf("%s is an option of the %s family; this model (%s) is served by the %s family",
+				kv.Key, other, path, f.Name())}
+		}
+		return &tts.OptionError{Key: kv.Key, Msg: fmt.Sprintf("unknown key; the %s family's keys are %s", f.Name(), strings.Join(own, ", "))}
+	}
+	_, err = f.ParseOptions(section)
+	return err
+}
+
+// OptionFamily names the families that have the engine option key, joined by "/" (as
+// "voxcpm/staged"), "" when none has it.
+func (fs Families) OptionFamily(key string) string {
+	var names []string
+	for _, f := range fs {
+		if slices.Contains(f.OptionKeys(), key) {
+			names = append(names, f.Name())
+		}
+	}
+	return strings.Join(names, "/")
 }

@@ -73,8 +73,11 @@ func TestServiceWithPiper(t *testing.T) {
 // blockFamily serves one fake model whose requests run until released.
 type blockFamily struct{ release chan struct{} }
 
-func (blockFamily) Claims(string) bool                       { return true }
-func (blockFamily) Describe(string) (tts.Description, error) { return tts.Description{}, nil }
+func (blockFamily) Name() string                                { return "block" }
+func (blockFamily) OptionKeys() []string                        { return nil }
+func (blockFamily) ParseOptions(tts.EngineSection) (any, error) { return nil, nil }
+func (blockFamily) Claims(string) bool                          { return true }
+func (blockFamily) Describe(string) (tts.Description, error)    { return tts.Description{}, nil }
 func (f blockFamily) Open(tts.LoadConfig) (instance.Runner, tts.Description, error) {
 	return blockRunner(f), tts.Description{}, nil
 }

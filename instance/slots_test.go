@@ -27,8 +27,11 @@ func (gateRunner) Close() error { return nil }
 
 type gateFamily struct{ r gateRunner }
 
-func (gateFamily) Claims(string) bool                       { return true }
-func (gateFamily) Describe(string) (tts.Description, error) { return tts.Description{}, nil }
+func (gateFamily) Name() string                                { return "gate" }
+func (gateFamily) OptionKeys() []string                        { return nil }
+func (gateFamily) ParseOptions(tts.EngineSection) (any, error) { return nil, nil }
+func (gateFamily) Claims(string) bool                          { return true }
+func (gateFamily) Describe(string) (tts.Description, error)    { return tts.Description{}, nil }
 func (f gateFamily) Open(tts.LoadConfig) (Runner, tts.Description, error) {
 	return f.r, tts.Description{}, nil
 }

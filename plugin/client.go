@@ -27,8 +27,8 @@ func (c *grpcClient) Load(ctx context.Context, cfg tts.LoadConfig) (tts.Info, er
 		ProviderOptions: cfg.ProviderOptions,
 		MaxInflight:     uint32(cfg.MaxInflight),
 		Placement:       cfg.Placement,
-		GpuMemoryLimit:  cfg.GPUMemoryLimit,
-		Engine:          engineToProto(cfg.Engine),
+		GpuMemoryLimit:  memoryLimitToProto(cfg.GPUMemoryLimit),
+		EngineSection:   cfg.Engine,
 	})
 	if err != nil {
 		return tts.Info{}, fromStatus(err)

@@ -5,55 +5,18 @@ import (
 	"github.com/voxmux/voxmux/tts"
 )
 
-// The engine options cross the process boundary field by field, typed, as the config loaded them.
+// A group's engine section crosses the process boundary as the JSON the config loaded, which the
+// instance's model family parses; the memory limit crosses typed, as the config parsed it.
 
-func engineToProto(o tts.EngineOptions) *proto.EngineOptions {
-	p := &proto.EngineOptions{
-		VocoderBatchesSet: o.VocoderBatchesSet || o.VocoderBatches != nil,
-		VocoderWindow:     int32(o.VocoderWindow),
-		Profile:           o.Profile,
-		LmStreamPriority:  o.LMStreamPriority,
-		LmCudaGraph:       o.LMCUDAGraph,
-		FlowCudaGraph:     o.FlowCUDAGraph,
-		VocoderCudaGraph:  o.VocoderCUDAGraph,
-		FlowWorkers:       int32(o.FlowWorkers),
-		FlowFirstWorker:   o.FlowFirstWorker,
-		IntraOpNumThreads: int32(o.IntraOpThreads),
-		PiperBatch:        int32(o.PiperBatch),
-		PiperWorkers:      int32(o.PiperWorkers),
-		PiperQueue:        int32(o.PiperQueue),
-		ExactBatches:      o.ExactBatches,
+func memoryLimitToProto(l tts.MemoryLimit) *proto.MemoryLimit {
+	if l.IsZero() {
+		return nil
 	}
-	for _, b := range o.VocoderBatches {
-		p.VocoderBatches = append(p.VocoderBatches, int32(b))
-	}
-	return p
+	return &proto.MemoryLimit{Bytes: l.Bytes, Fraction: l.Fraction}
 }
 
-func engineFromProto(p *proto.EngineOptions) tts.EngineOptions {
-	if p == nil {
-		return tts.EngineOptions{}
-	}
-	o := tts.EngineOptions{
-		VocoderBatchesSet: p.VocoderBatchesSet,
-		VocoderWindow:     int(p.VocoderWindow),
-		Profile:           p.Profile,
-		LMStreamPriority:  p.LmStreamPriority,
-		LMCUDAGraph:       p.LmCudaGraph,
-		FlowCUDAGraph:     p.FlowCudaGraph,
-		VocoderCUDAGraph:  p.VocoderCudaGraph,
-		FlowWorkers:       int(p.FlowWorkers),
-		FlowFirstWorker:   p.FlowFirstWorker,
-		IntraOpThreads:    int(p.IntraOpNumThreads),
-		PiperBatch:        int(p.PiperBatch),
-		PiperWorkers:      int(p.PiperWorkers),
-		PiperQueue:        int(p.PiperQueue),
-		ExactBatches:      p.ExactBatches,
-	}
-	for _, b := range p.VocoderBatches {
-		o.VocoderBatches = append(o.VocoderBatches, int(b))
-	}
-	return o
+func memoryLimitFromProto(p *proto.MemoryLimit) tts.MemoryLimit {
+	return tts.MemoryLimit{Bytes: p.GetBytes(), Fraction: p.GetFraction()}
 }
 
 func promptToProto(p *tts.VoicePrompt) *proto.VoicePrompt {

@@ -50,8 +50,9 @@ func TestLoadRoundTrip(t *testing.T) {
 		ORTLibrary:      "/usr/lib/libonnxruntime.so.1",
 		ProviderOptions: map[string]string{"device_id": "0", "gpu_mem_limit": "1073741824", "": "empty key"},
 		MaxInflight:     7,
-		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true, VocoderWindow: 132, Profile: "/tmp/p-",
-			LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", VocoderCUDAGraph: "on", FlowWorkers: 3, FlowFirstWorker: "share", IntraOpThreads: 2},
+		GPUMemoryLimit:  tts.MemoryLimit{Fraction: 0.4},
+		// The section crosses as it is: the plugin knows none of its keys.
+		Engine: tts.EngineSection(`{"vocoder_batches":[1,4],"flow_workers":3,"made_up_knob":"any"}`),
 	}
 	wantInfo := tts.Info{
 		CUDAVisibleDevices: "3,4",

@@ -27,8 +27,8 @@ func (s *grpcServer) Load(ctx context.Context, r *proto.LoadRequest) (*proto.Loa
 		ProviderOptions: r.ProviderOptions,
 		MaxInflight:     int(r.MaxInflight),
 		Placement:       r.Placement,
-		GPUMemoryLimit:  r.GpuMemoryLimit,
-		Engine:          engineFromProto(r.Engine),
+		GPUMemoryLimit:  memoryLimitFromProto(r.GpuMemoryLimit),
+		Engine:          r.EngineSection,
 	})
 	if err != nil {
 		var ie *tts.Error

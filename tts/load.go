@@ -8,13 +8,15 @@ type LoadConfig struct {
 	// ProviderOptions go to ONNX Runtime's execution provider as they are (CUDA provider
 	// options such as cudnn_conv_algo_search); the engine's own switches are in Engine.
 	ProviderOptions map[string]string
-	Engine          EngineOptions
-	MaxInflight     int
+	// Engine is the group's `engine:` section, checked when the config loaded by the family that
+	// serves the model, which parses it again in Open.
+	Engine      EngineSection
+	MaxInflight int
 	// Placement is "replicated" (a pipeline on every visible GPU) or "split" (LM on GPU 0, flow
 	// and vocoder on GPU 1); empty means replicated.
 	Placement string
-	// GPUMemoryLimit caps the CUDA arena per GPU: bytes ("8GiB") or a fraction of the device ("0.4").
-	GPUMemoryLimit string
+	// GPUMemoryLimit caps the CUDA arena per GPU; the zero value leaves ONNX Runtime's default.
+	GPUMemoryLimit MemoryLimit
 }
 
 // Info is what a loaded instance reports of itself: where it runs, so the router can show and

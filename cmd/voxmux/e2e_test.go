@@ -294,6 +294,19 @@ func TestServeFailsOnBrokenModel(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "listen_addr") || !strings.Contains(string(out), "bad.yaml") {
 		t.Errorf("unknown config key: err %v, output:\n%s", err, out)
 	}
+	// An engine option of another family than the model's names the key, its line, the file and
+	// the family it belongs to.
+	voice, err := filepath.Abs("../../models/tiny-piper/en_US-tiny-x_low.onnx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg = filepath.Join(dir, "other-family.yaml")
+	os.WriteFile(cfg, []byte("model: "+voice+"\ngroups:\n  - name: a\n    engine:\n      flow_workers: 2\n"), 0o644)
+	out, err = exec.Command(voxmuxBinary(t), "serve", "--config", cfg, "--listen", freePort(t)).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "other-family.yaml:5:") || !strings.Contains(string(out), "groups[0].engine.flow_workers") ||
+		!strings.Contains(string(out), "option of the staged family") {
+		t.Errorf("another family's engine option: err %v, output:\n%s", err, out)
+	}
 }
 
 // Where the CUDA provider cannot load (no provider library, no GPU), serve says so and exits 1.

@@ -88,6 +88,11 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	if err != nil {
 		return fmt.Errorf("config %s: model: %w", cfg.File, err)
 	}
+	// Only the family serving the model knows its engine options: it parses each group's now, so
+	// a bad one stops serve with its line before any instance starts.
+	if err := cfg.CheckEngines(families); err != nil {
+		return err
+	}
 	ortLib, err := findORT(cfg)
 	if err != nil {
 		return err
@@ -359,7 +364,7 @@ func memberSpec(cfg *config.Config, g config.Group, i int, exe, ortLib string) p
 			ProviderOptions: opts,
 			MaxInflight:     g.MaxInflight,
 			Placement:       g.Placement,
-			GPUMemoryLimit:  g.GPUMemoryLimit,
+			GPUMemoryLimit:  g.GPUMemory,
 			Engine:          g.Engine,
 		},
 	}

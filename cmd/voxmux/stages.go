@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/voxmux/voxmux/config"
+	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/staged"
 	"github.com/voxmux/voxmux/tts"
 )
@@ -46,6 +47,9 @@ func stagesCmd() *cobra.Command {
 			}
 			cfg, err := config.Load(cfgPath)
 			if err != nil {
+				return err
+			}
+			if err := cfg.CheckEngines(instance.Families{staged.Family{}}); err != nil {
 				return err
 			}
 			g := cfg.Groups[0]

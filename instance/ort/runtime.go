@@ -6,12 +6,28 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/voxmux/voxmux/config"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
 
 	onnxrt "github.com/yalue/onnxruntime_go"
 )
+
+// Options are the engine options every family has for its ONNX Runtime sessions; a family's
+// Options embed them, so their keys sit beside the family's own under `engine:`.
+type Options struct {
+	// Profile is a path prefix for ONNX Runtime's per-session profiles; empty: no profiling.
+	Profile string `json:"profile"`
+	// IntraOpThreads is ONNX Runtime's intra_op_num_threads; 0: ONNX Runtime's default.
+	IntraOpThreads int `json:"intra_op_num_threads"`
+}
+
+// Validate checks the options; the error is a *tts.OptionError.
+func (o Options) Validate() error {
+	if o.IntraOpThreads < 0 {
+		return &tts.OptionError{Key: "intra_op_num_threads", Msg: fmt.Sprintf("%d is not a thread count", o.IntraOpThreads)}
+	}
+	return nil
+}
 
 // Runtime owns the ONNX Runtime environment and the session options of one instance process,
 // on one device.
@@ -34,9 +50,10 @@ type Runtime struct {
 	library string
 }
 
-// New loads libonnxruntime and prepares session options for cfg's provider on device. ONNX
-// Runtime's environment is per process, so an instance process loads exactly one model.
-func New(cfg tts.LoadConfig, device int) (*Runtime, error) {
+// New loads libonnxruntime and prepares session options for cfg's provider on device, with the
+// family's ONNX Runtime options o. ONNX Runtime's environment is per process, so an instance
+// process loads exactly one model.
+func New(cfg tts.LoadConfig, device int, o Options) (*Runtime, error) {
 	if cfg.ORTLibrary == "" {
 		return nil, fmt.Errorf("onnxruntime: no library path given")
 	}
@@ -47,7 +64,7 @@ func New(cfg tts.LoadConfig, device int) (*Runtime, error) {
 		}
 	}
 	r := &Runtime{provider: cfg.Provider, device: device, library: cfg.ORTLibrary,
-		profile: cfg.Engine.Profile, intraOp: cfg.Engine.IntraOpThreads}
+		profile: o.Profile, intraOp: o.IntraOpThreads}
 	rest := cfg.ProviderOptions
 	switch cfg.Provider {
 	case "cpu", "":
@@ -68,7 +85,7 @@ func New(cfg tts.LoadConfig, device int) (*Runtime, error) {
 		o := map[string]string{"device_id": strconv.Itoa(device), "cudnn_conv_algo_search": "DEFAULT",
 			"cudnn_conv1d_pad_to_nc1d": "1"}
 		maps.Copy(o, rest)
-		if cfg.GPUMemoryLimit != "" {
+		if !cfg.GPUMemoryLimit.IsZero() {
 			limit, err := memoryLimit(cfg.GPUMemoryLimit, device)
 			if err != nil {
 				return nil, err
@@ -269,21 +286,17 @@ func (r *Runtime) Close() {
 	}
 }
 
-// memoryLimit turns "8GiB", "1000" or a fraction like "0.4" into bytes for device.
-func memoryLimit(s string, device int) (uint64, error) {
-	b, frac, err := config.ParseMemoryLimit(s)
-	if err != nil {
-		return 0, fmt.Errorf("gpu_memory_limit: %w", err)
-	}
-	if frac == 0 {
-		return b, nil
+// memoryLimit turns a limit into bytes for device.
+func memoryLimit(l tts.MemoryLimit, device int) (uint64, error) {
+	if l.Fraction == 0 {
+		return l.Bytes, nil
 	}
 	for _, g := range CUDADevices() {
 		if g.Index == device {
-			return uint64(frac * float64(g.MemoryTotal)), nil
+			return uint64(l.Fraction * float64(g.MemoryTotal)), nil
 		}
 	}
-	return 0, fmt.Errorf("gpu_memory_limit %s: cannot read the size of GPU %d to take a fraction of it", s, device)
+	return 0, fmt.Errorf("gpu_memory_limit %g: cannot read the size of GPU %d to take a fraction of it", l.Fraction, device)
 }
 
 // SessionFromData loads a graph held in memory (one a model family edited after reading it) with

@@ -42,17 +42,16 @@ const (
 	piperRowIDs      = 400 // a long sentence's ids; BatchIDs = Batch × piperRowIDs
 )
 
-// piperOptionsFrom resolves the piper engine options (checked when the config loaded) for cfg's
-// provider.
-func piperOptionsFrom(cfg tts.LoadConfig) piperOptions {
+// piperOptionsFrom resolves the family's engine options e (checked when the config loaded) for
+// cfg's provider.
+func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o := piperOptions{Batch: 1, Workers: max(cfg.MaxInflight, 1), Queue: piperQueue}
 	if cfg.Provider == "cuda" {
 		o.Batch, o.Workers = piperCUDABatch, piperCUDAWorkers
 	}
-	e := cfg.Engine
-	o.Batch = cmp.Or(e.PiperBatch, o.Batch)
-	o.Workers = cmp.Or(e.PiperWorkers, o.Workers)
-	o.Queue = cmp.Or(e.PiperQueue, o.Queue)
+	o.Batch = cmp.Or(e.Batch, o.Batch)
+	o.Workers = cmp.Or(e.Workers, o.Workers)
+	o.Queue = cmp.Or(e.Queue, o.Queue)
 	o.BatchIDs = o.Batch * piperRowIDs
 	return o
 }

@@ -2,6 +2,7 @@ package piper
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -30,10 +32,20 @@ const (
 	batchEdge           = 4096 // samples, 0.19 s at 22.05 kHz
 )
 
-func jennyRunner(t *testing.T, opts tts.EngineOptions) *PiperRunner {
+// section writes o as a group's engine section.
+func section(t testing.TB, o Options) tts.EngineSection {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func jennyRunner(t *testing.T, opts Options) *PiperRunner {
 	t.Helper()
 	p := reference(t)
-	r, _, err := openPiper(tts.LoadConfig{Manifest: p.voice, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: opts})
+	r, _, err := openPiper(tts.LoadConfig{Manifest: p.voice, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, opts)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +76,7 @@ func TestPiperWithLengths(t *testing.T) {
 // One run of four padded rows gives each row the audio it gets alone: same length, samples within
 // batchTolerance.
 func TestPiperBatchEqualsAlone(t *testing.T) {
-	r := jennyRunner(t, tts.EngineOptions{PiperBatch: 8, PiperWorkers: 1})
+	r := jennyRunner(t, Options{Batch: 8, Workers: 1})
 	f := r.m.Files[0]
 	s, release, err := r.cache.acquire(f)
 	if err != nil {
@@ -113,7 +125,7 @@ func TestPiperBatchEqualsAlone(t *testing.T) {
 // Concurrent requests share runs (fewer runs than sentences) and each gets the audio it gets alone,
 // sentence by sentence.
 func TestPiperConcurrentRequestsAreBatched(t *testing.T) {
-	r := jennyRunner(t, tts.EngineOptions{PiperBatch: 8, PiperWorkers: 1})
+	r := jennyRunner(t, Options{Batch: 8, Workers: 1})
 	alone := make([][][]float32, len(batchSentences))
 	for i, text := range batchSentences {
 		alone[i] = speak(t, r, tts.Request{Text: text})
@@ -162,7 +174,7 @@ func TestPiperConcurrentRequestsAreBatched(t *testing.T) {
 // With a queue of one sentence and one worker, a burst of requests gets some refused as busy
 // (HTTP 429 at the router) and the rest served: the runs stay bounded by the batch.
 func TestPiperFullQueueRefusesAsBusy(t *testing.T) {
-	r := jennyRunner(t, tts.EngineOptions{PiperBatch: 2, PiperWorkers: 1, PiperQueue: 1})
+	r := jennyRunner(t, Options{Batch: 2, Workers: 1, Queue: 1})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	busy, ok := 0, 0
@@ -194,19 +206,36 @@ func TestPiperFullQueueRefusesAsBusy(t *testing.T) {
 }
 
 func TestPiperOptions(t *testing.T) {
-	o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda", Engine: tts.EngineOptions{PiperBatch: 16}})
+	o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Batch: 16})
 	if o.Batch != 16 || o.Workers != piperCUDAWorkers || o.Queue != piperQueue || o.BatchIDs != 16*piperRowIDs {
 		t.Fatalf("cuda, batch 16: %+v", o)
 	}
-	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu", MaxInflight: 5}); o.Batch != 1 || o.Workers != 5 {
+	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu", MaxInflight: 5}, Options{}); o.Batch != 1 || o.Workers != 5 {
 		t.Fatalf("cpu defaults %+v", o)
 	}
-	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda", Engine: tts.EngineOptions{PiperBatch: 1}}); o.Batch != 1 {
+	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Batch: 1}); o.Batch != 1 {
 		t.Fatalf("batching off: %+v", o)
 	}
-	for _, bad := range []tts.EngineOptions{{PiperBatch: -1}, {PiperWorkers: 257}, {PiperQueue: -1}} {
+	for _, bad := range []Options{{Batch: -1}, {Workers: 257}, {Queue: -1}} {
 		if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "piper_") {
 			t.Errorf("%+v: %v, want an error naming the option", bad, err)
+		}
+	}
+}
+
+func TestParseOptions(t *testing.T) {
+	o, err := Family{}.ParseOptions(tts.EngineSection(`{"piper_batch": 16, "piper_queue": 8, "intra_op_num_threads": 2, "profile": null}`))
+	if want := (Options{Options: ort.Options{IntraOpThreads: 2}, Batch: 16, Queue: 8}); err != nil || o != want {
+		t.Fatalf("got %+v, %v; want %+v", o, err, want)
+	}
+	for section, want := range map[string]string{
+		`{"piper_batch": 2000}`:        "engine.piper_batch: 2000 is not a number from 1 to 1024",
+		`{"piper_workers": "two"}`:     `engine.piper_workers: "two" is not a whole number`,
+		`{"flow_workers": 2}`:          "engine.flow_workers: unknown key; the piper family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
+		`{"intra_op_num_threads": -1}`: "engine.intra_op_num_threads: -1 is not a thread count",
+	} {
+		if _, err := (Family{}).ParseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", section, err, want)
 		}
 	}
 }

@@ -46,7 +46,7 @@ func BenchmarkPiperConcurrency(b *testing.B) {
 	ids = append(ids, 2)
 	const clients = 4
 	for _, threads := range []int{0, 1} {
-		rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(b), Engine: tts.EngineOptions{IntraOpThreads: threads}}, 0)
+		rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(b)}, 0, ort.Options{IntraOpThreads: threads})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -51,11 +51,12 @@ func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
 	}
 	// On CUDA the runtime's default cuDNN search (a fixed algorithm) suits sentences of every
 	// length; see ort.New.
-	if err := cfg.Engine.Validate(); err != nil {
+	e, err := parseOptions(cfg.Engine)
+	if err != nil {
 		return nil, tts.Description{}, err // the config's own check names its file too
 	}
-	opts := piperOptionsFrom(cfg)
-	rt, err := ort.New(cfg, 0) // voices run on the group's first GPU
+	opts := piperOptionsFrom(cfg, e)
+	rt, err := ort.New(cfg, 0, e.Options) // voices run on the group's first GPU
 	if err != nil {
 		return nil, tts.Description{}, err
 	}

@@ -65,9 +65,9 @@ func TestFlowStepCondAndEmbedding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{"off", "fixed"} {
-		t.Run(mode, func(t *testing.T) {
-			p, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{FlowCUDAGraph: mode}}, 0, 0)
+	for _, mode := range []FlowGraph{FlowGraphOff, FlowGraphFixed} {
+		t.Run(string(mode), func(t *testing.T) {
+			p, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, Options{FlowCUDAGraph: mode})}, 0, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,9 +105,9 @@ func TestFlowStepCondAndEmbedding(t *testing.T) {
 // grows by 0.1 cycle per stream frame only if each window got the one before's.
 func TestEngineVoicePromptAndCarriedPhase(t *testing.T) {
 	path := cv3Manifest(t)
-	for _, mode := range []string{"off", "fixed"} {
-		t.Run(mode, func(t *testing.T) {
-			p, err := LoadPipeline(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{FlowCUDAGraph: mode}})
+	for _, mode := range []FlowGraph{FlowGraphOff, FlowGraphFixed} {
+		t.Run(string(mode), func(t *testing.T) {
+			p, err := LoadPipeline(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, Options{FlowCUDAGraph: mode})})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -27,7 +27,7 @@ func ortLibrary(t testing.TB) string {
 // tinyPipeline loads models/tiny; the engine that gets it closes it.
 func tinyPipeline(t testing.TB) *Pipeline {
 	t.Helper()
-	p, err := loadTiny(t, tts.EngineOptions{})
+	p, err := loadTiny(t, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,8 +35,8 @@ func tinyPipeline(t testing.TB) *Pipeline {
 }
 
 // loadTiny loads models/tiny on the CPU with the given engine options.
-func loadTiny(t testing.TB, opts tts.EngineOptions) (*Pipeline, error) {
-	return LoadPipeline(tts.LoadConfig{Manifest: "../../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: opts})
+func loadTiny(t testing.TB, opts Options) (*Pipeline, error) {
+	return LoadPipeline(tts.LoadConfig{Manifest: "../../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, opts)})
 }
 
 func synth(t *testing.T, e *Engine, req tts.Request) []float32 {
@@ -129,7 +129,7 @@ func TestEngineSmallBatchesEqualAlone(t *testing.T) { testBatchedEqualsAlone(t, 
 // Several flow workers run batches at once, each in its own sessions, while batches of later
 // chunks leave one worker to first chunks: the audio must not change.
 func TestEngineFlowWorkersEqualAlone(t *testing.T) {
-	p, err := loadTiny(t, tts.EngineOptions{FlowWorkers: 3})
+	p, err := loadTiny(t, Options{FlowWorkers: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,11 +142,11 @@ func TestEngineFlowWorkersEqualAlone(t *testing.T) {
 // flow_first_worker share lets batches of later chunks take every flow worker: the audio must
 // not change either; an unknown value fails the load with the key.
 func TestEngineFlowWorkersSharedEqualAlone(t *testing.T) {
-	if _, err := loadTiny(t, tts.EngineOptions{FlowFirstWorker: "none"}); err == nil ||
+	if _, err := loadTiny(t, Options{FlowFirstWorker: "none"}); err == nil ||
 		!strings.Contains(err.Error(), `engine.flow_first_worker: "none" is not one of [keep share]`) {
 		t.Errorf("flow_first_worker none: %v", err)
 	}
-	p, err := loadTiny(t, tts.EngineOptions{FlowWorkers: 2, FlowFirstWorker: "share"})
+	p, err := loadTiny(t, Options{FlowWorkers: 2, FlowFirstWorker: "share"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +159,7 @@ func TestEngineFlowWorkersSharedEqualAlone(t *testing.T) {
 // The vocoder's fixed-shape sessions (vocoder_batches) pad every chunk to the next length the
 // engine makes and every batch to a fixed size: the audio must be what the one-session vocoder gives.
 func TestEngineFixedVocoderShapes(t *testing.T) {
-	p, err := loadTiny(t, tts.EngineOptions{VocoderBatches: []int{1, 2}})
+	p, err := loadTiny(t, Options{VocoderBatches: []int{1, 2}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,12 +235,12 @@ func sameAudio(t *testing.T, e *Engine, got [][]float32, what string) {
 
 func TestVocoderBatchesOption(t *testing.T) {
 	for _, v := range [][]int{{0}, {4, 2}, {1, 1}} {
-		_, err := loadTiny(t, tts.EngineOptions{VocoderBatches: v})
+		_, err := loadTiny(t, Options{VocoderBatches: v})
 		if err == nil || !strings.Contains(err.Error(), "vocoder_batches") {
 			t.Errorf("vocoder_batches %v: err %v, want one naming the option", v, err)
 		}
 	}
-	p, err := loadTiny(t, tts.EngineOptions{VocoderBatchesSet: true})
+	p, err := loadTiny(t, Options{VocoderBatches: []int{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,17 +593,17 @@ func TestVocoderWindows(t *testing.T) {
 // context: the audio must be the whole item's.
 func TestEngineVocoderWindow(t *testing.T) {
 	for _, v := range []int{8, -2} { // the tiny model's context is 4 tokens of 2 frames
-		if _, err := loadTiny(t, tts.EngineOptions{VocoderWindow: v}); err == nil || !strings.Contains(err.Error(), "vocoder_window") {
+		if _, err := loadTiny(t, Options{VocoderWindow: v}); err == nil || !strings.Contains(err.Error(), "vocoder_window") {
 			t.Errorf("vocoder_window %d: err %v, want one naming the option", v, err)
 		}
 	}
 	// A manifest without context cannot have windows that keep the audio.
 	m := tinyManifest(t)
 	m.Streaming.ContextTokens = 0
-	if _, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{VocoderWindow: 20}}, 0, 0); err == nil || !strings.Contains(err.Error(), "no left context") {
+	if _, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, Options{VocoderWindow: 20})}, 0, 0); err == nil || !strings.Contains(err.Error(), "no left context") {
 		t.Errorf("vocoder_window without context: err %v, want one saying the manifest has none", err)
 	}
-	p, err := loadTiny(t, tts.EngineOptions{VocoderBatches: []int{1, 2}, VocoderWindow: 20})
+	p, err := loadTiny(t, Options{VocoderBatches: []int{1, 2}, VocoderWindow: 20})
 	if err != nil {
 		t.Fatal(err)
 	}

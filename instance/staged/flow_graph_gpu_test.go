@@ -36,13 +36,13 @@ func TestFlowGraphsOnGPU(t *testing.T) {
 		if !step {
 			mm.Flow.Step = ""
 		}
-		rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0)
+		rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0, ort.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer rt.Close()
 		t0 := time.Now()
-		f, err := newFlow(rt, &mm, resolveOptions(tts.EngineOptions{FlowCUDAGraph: mode}, true, &mm))
+		f, err := newFlow(rt, &mm, resolveOptions(Options{FlowCUDAGraph: FlowGraph(mode)}, true, &mm))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

@@ -23,7 +23,7 @@ type flowSteps struct {
 	// thread runs every call of the sessions: ONNX Runtime keeps a session's CUDA graphs per OS
 	// thread (nil: the caller's thread, without graphs).
 	thread *ort.Thread
-	mode   string // flow_cuda_graph
+	mode   FlowGraph // flow_cuda_graph
 	// batches and tokens are the buckets' sizes, rising; buckets holds those made (on, fixed).
 	batches, tokens []int
 	buckets         map[[2]int]*flowBucket
@@ -91,7 +91,7 @@ func newFlowSteps(rt *ort.Runtime, m *Manifest, opt options) (*flowSteps, error)
 		toks: m.Tensor("speech_tokens"), tmask: m.Tensor("token_mask"), mu: m.Tensor("mu"), x: m.Tensor("x"),
 		mask: m.Tensor("mask"), t: m.Tensor("t"), dt: m.Tensor("dt"), cfg: m.Tensor("cfg"), next: m.Tensor("x_next"),
 		cond: m.Tensor("cond"), emb: m.Tensor("embedding")}}
-	graphs := s.mode == "on" && rt.CUDA()
+	graphs := s.mode == FlowGraphOn && rt.CUDA()
 	if graphs {
 		s.thread = ort.NewThread()
 	}
@@ -107,7 +107,7 @@ func newFlowSteps(rt *ort.Runtime, m *Manifest, opt options) (*flowSteps, error)
 	if err == nil {
 		err = s.constants()
 	}
-	if err == nil && s.mode != "off" {
+	if err == nil && s.mode != FlowGraphOff {
 		s.batches, s.tokens = flowBatchSizes, flowTokenSizes(m)
 		err = s.makeBuckets(graphs)
 	}

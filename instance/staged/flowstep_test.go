@@ -10,11 +10,11 @@ import (
 )
 
 // loadTinyStep loads models/tiny with its flow step graph (flow.step) in place of the estimator.
-func loadTinyStep(t *testing.T, opts tts.EngineOptions) *Pipeline {
+func loadTinyStep(t *testing.T, opts Options) *Pipeline {
 	t.Helper()
 	m := tinyManifest(t)
 	m.Flow.Step = "flow_step.onnx"
-	p, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: opts}, 0, 0)
+	p, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, opts)}, 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,9 +28,9 @@ func loadTinyStep(t *testing.T, opts tts.EngineOptions) *Pipeline {
 func TestFlowStepGraphEqualsEstimator(t *testing.T) {
 	est := NewEngine(tinyPipeline(t))
 	defer est.Close()
-	for _, mode := range []string{"off", "fixed"} {
-		t.Run(mode, func(t *testing.T) {
-			p := loadTinyStep(t, tts.EngineOptions{FlowCUDAGraph: mode})
+	for _, mode := range []FlowGraph{FlowGraphOff, FlowGraphFixed} {
+		t.Run(string(mode), func(t *testing.T) {
+			p := loadTinyStep(t, Options{FlowCUDAGraph: mode})
 			steps, ok := p.flows[0].(*flowSteps)
 			if !ok {
 				t.Fatal("the step graph is not what runs the flow")
@@ -45,7 +45,7 @@ func TestFlowStepGraphEqualsEstimator(t *testing.T) {
 
 // Several workers, small batches and buckets: the audio must not change.
 func TestFlowStepWorkersEqualAlone(t *testing.T) {
-	p := loadTinyStep(t, tts.EngineOptions{FlowCUDAGraph: "fixed", FlowWorkers: 2})
+	p := loadTinyStep(t, Options{FlowCUDAGraph: "fixed", FlowWorkers: 2})
 	if len(p.flows) != 2 || p.flows[0] == p.flows[1] {
 		t.Fatalf("%d flow workers, want 2 with their own sessions", len(p.flows))
 	}
@@ -55,11 +55,11 @@ func TestFlowStepWorkersEqualAlone(t *testing.T) {
 func TestFlowStepOption(t *testing.T) {
 	m := tinyManifest(t)
 	m.Flow.Step = "flow_step.onnx"
-	_, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{FlowCUDAGraph: "yes"}}, 0, 0)
+	_, err := loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, Options{FlowCUDAGraph: "yes"})}, 0, 0)
 	if err == nil || !strings.Contains(err.Error(), "flow_cuda_graph") {
 		t.Fatalf("flow_cuda_graph yes: err %v, want one naming the option", err)
 	}
-	_, err = loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: tts.EngineOptions{VocoderCUDAGraph: "on"}}, 0, 0)
+	_, err = loadPipeline(m, tts.LoadConfig{Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, Options{VocoderCUDAGraph: "on"})}, 0, 0)
 	if err == nil || !strings.Contains(err.Error(), "engine.vocoder_cuda_graph") {
 		t.Fatalf("vocoder_cuda_graph on: err %v, want a refusal naming the option", err)
 	}

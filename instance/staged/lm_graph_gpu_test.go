@@ -106,7 +106,7 @@ func TestLMGraphsOnGPU(t *testing.T) {
 // cudaRuntime is the CUDA provider's runtime for a GPU test, closed when the test ends.
 func cudaRuntime(t testing.TB) *ort.Runtime {
 	t.Helper()
-	rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0)
+	rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: ortLibrary(t)}, 0, ort.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,44 +1,222 @@
 package staged
 
-import "github.com/voxmux/voxmux/tts"
+import (
+	"fmt"
 
-// options are the engine options (tts.EngineOptions, checked when the config loaded) resolved
-// for a provider: every default filled in.
+	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
+)
+
+// Options are the staged family's engine options, set under a group's `engine:`
+// (docs/pipeline.md, "Engine options") and checked when the config loads. The zero value of
+// each is the default for the provider (resolveOptions); each field says what that is and why.
+type Options struct {
+	ort.Options
+	// VocoderBatches are the batch sizes of the vocoder's fixed-shape sessions, rising. Unset
+	// (nil): [1, 4, 16] on CUDA, where a vocoder fed chunks of every length would change shape on
+	// nearly every run; none on the CPU. An empty list ([]) runs every shape in one session.
+	VocoderBatches []int `json:"vocoder_batches"`
+	// VocoderWindow is the most mel frames the vocoder runs in one item; longer items run as
+	// overlapping windows. 0: the provider's default (on CUDA the longest of the engine's chunk
+	// lengths up to 160 frames, on the CPU never split); NeverSplit (-1): never split.
+	VocoderWindow int `json:"vocoder_window"`
+	// LMStreamPriority is the CUDA stream priority of the LM's runs. Unset: high.
+	LMStreamPriority StreamPriority `json:"lm_stream_priority"`
+	// LMCUDAGraph is which of the LM's runs are CUDA graphs. Unset: on on CUDA with the shared
+	// cache (a decode step 2-3× faster and a prefill of one prompt 3×, docs/benchmarks/RESULTS.md),
+	// else off.
+	LMCUDAGraph LMGraph `json:"lm_cuda_graph"`
+	// FlowCUDAGraph is whether the flow's Euler steps are CUDA graphs. Unset: on on CUDA, off on
+	// the CPU.
+	FlowCUDAGraph FlowGraph `json:"flow_cuda_graph"`
+	// VocoderCUDAGraph is accepted as off only: this family's vocoder runs uncaptured (a voxcpm
+	// model's VAE decoder is the one captured).
+	VocoderCUDAGraph VocoderGraph `json:"vocoder_cuda_graph"`
+	// FlowWorkers is the number of flow batches that run at once, each in its own sessions, 1
+	// to 8. 0: 2 on CUDA (P95 time to first audio at 64 streams 972 → 869 ms on an H100), 1 on
+	// the CPU.
+	FlowWorkers int `json:"flow_workers"`
+	// FlowFirstWorker is whether one flow worker is kept for new streams' first chunks. Unset:
+	// keep.
+	FlowFirstWorker FirstWorker `json:"flow_first_worker"`
+	// ExactBatches lets a flow or vocoder batch take only items of one length, so no item runs
+	// padded and a request's audio does not depend on what runs beside it: on the CPU with
+	// intra_op_num_threads 1, a seeded request beside others is byte-identical to it alone.
+	// Off (the default), items within a third of each other's length share a batch: a chunk padded
+	// to a longer one rounds ONNX Runtime's sums differently (about 5e-7 on models/tiny).
+	ExactBatches bool `json:"exact_batches"`
+}
+
+// NeverSplit is the VocoderWindow that runs every vocoder item whole.
+const NeverSplit = -1
+
+// StreamPriority is the CUDA stream priority of the LM's runs (lm_stream_priority).
+type StreamPriority string
+
+const (
+	// PriorityHigh runs the LM's short decode steps, on the path of every stream, ahead of the
+	// flow's and vocoder's long batches on CUDA.
+	PriorityHigh StreamPriority = "high"
+	// PriorityNormal gives the LM an ordinary stream like the other stages.
+	PriorityNormal StreamPriority = "normal"
+)
+
+func (p *StreamPriority) UnmarshalText(b []byte) (err error) {
+	*p, err = engine.ParseEnum(b, PriorityHigh, PriorityNormal)
+	return err
+}
+
+// LMGraph is which of the LM's runs are CUDA graphs (lm_cuda_graph).
+type LMGraph string
+
+const (
+	// LMGraphOn runs the LM's decode steps and prefills as CUDA graphs.
+	LMGraphOn LMGraph = "on"
+	// LMGraphDecode runs the LM's decode steps as CUDA graphs, its prefills plainly.
+	LMGraphDecode LMGraph = "decode"
+	// LMGraphFixed runs decode steps and prefills in the graphs' fixed shapes without capturing
+	// them, to tell the graphs' effect on results from the shapes'.
+	LMGraphFixed LMGraph = "fixed"
+	// LMGraphOff lets ONNX Runtime run every step in its own shape.
+	LMGraphOff LMGraph = "off"
+)
+
+func (g *LMGraph) UnmarshalText(b []byte) (err error) {
+	*g, err = engine.ParseEnum(b, LMGraphOn, LMGraphDecode, LMGraphOff, LMGraphFixed)
+	return err
+}
+
+// decodeGraphs reports whether the LM's decode steps run as captured graphs.
+func (g LMGraph) decodeGraphs() bool { return g == LMGraphOn || g == LMGraphDecode }
+
+// fixedPrefills reports whether the LM's prefills run in the graphs' fixed shapes.
+func (g LMGraph) fixedPrefills() bool { return g == LMGraphOn || g == LMGraphFixed }
+
+// FlowGraph is whether the flow's Euler steps run as CUDA graphs (flow_cuda_graph).
+type FlowGraph string
+
+const (
+	// FlowGraphOn runs each Euler step of a batch of a captured shape as a CUDA graph.
+	FlowGraphOn FlowGraph = "on"
+	// FlowGraphFixed runs the captured shapes without capturing them.
+	FlowGraphFixed FlowGraph = "fixed"
+	// FlowGraphOff runs every batch in its own shape.
+	FlowGraphOff FlowGraph = "off"
+)
+
+func (g *FlowGraph) UnmarshalText(b []byte) (err error) {
+	*g, err = engine.ParseEnum(b, FlowGraphOn, FlowGraphFixed, FlowGraphOff)
+	return err
+}
+
+// VocoderGraph is vocoder_cuda_graph, which this family's uncaptured vocoder takes as off only.
+type VocoderGraph string
+
+// VocoderGraphOff runs the vocoder uncaptured.
+const VocoderGraphOff VocoderGraph = "off"
+
+func (g *VocoderGraph) UnmarshalText(b []byte) (err error) {
+	if string(b) == "on" {
+		return fmt.Errorf("the staged family's vocoder runs uncaptured; only voxcpm models capture theirs")
+	}
+	*g, err = engine.ParseEnum(b, VocoderGraphOff)
+	return err
+}
+
+// FirstWorker is whether one flow worker is kept for new streams' first chunks
+// (flow_first_worker).
+type FirstWorker string
+
+const (
+	// FirstWorkerKeep keeps one of several flow workers for new streams' first chunks.
+	FirstWorkerKeep FirstWorker = "keep"
+	// FirstWorkerShare lets every worker take batches of later chunks: 4% more throughput at 128
+	// streams on an H100, a longer wait for first audio.
+	FirstWorkerShare FirstWorker = "share"
+)
+
+func (w *FirstWorker) UnmarshalText(b []byte) (err error) {
+	*w, err = engine.ParseEnum(b, FirstWorkerKeep, FirstWorkerShare)
+	return err
+}
+
+// Name is the family's name, the Kind of its descriptions.
+func (Family) Name() string { return "staged" }
+
+// OptionKeys are the keys of Options.
+func (Family) OptionKeys() []string { return engine.OptionKeys(Options{}) }
+
+// ParseOptions parses and checks a group's engine section.
+func (Family) ParseOptions(section tts.EngineSection) (any, error) { return parseOptions(section) }
+
+func parseOptions(section tts.EngineSection) (Options, error) {
+	var o Options
+	if err := engine.ParseOptions("staged", section, &o); err != nil {
+		return Options{}, err
+	}
+	return o, o.Validate()
+}
+
+// Validate checks the options' ranges; the error is a *tts.OptionError naming the first bad one.
+func (o Options) Validate() error {
+	if err := o.Options.Validate(); err != nil {
+		return err
+	}
+	for i, n := range o.VocoderBatches {
+		if n < 1 {
+			return &tts.OptionError{Key: "vocoder_batches", Msg: fmt.Sprintf("%d is not a batch size", n)}
+		}
+		if i > 0 && n <= o.VocoderBatches[i-1] {
+			return &tts.OptionError{Key: "vocoder_batches", Msg: fmt.Sprintf("%v: batch sizes must rise", o.VocoderBatches)}
+		}
+	}
+	if o.VocoderWindow < NeverSplit {
+		return &tts.OptionError{Key: "vocoder_window", Msg: fmt.Sprintf("%d is not a number of mel frames (or -1: never split)", o.VocoderWindow)}
+	}
+	if o.FlowWorkers < 0 || o.FlowWorkers > 8 {
+		return &tts.OptionError{Key: "flow_workers", Msg: fmt.Sprintf("%d is not a number of workers from 1 to 8", o.FlowWorkers)}
+	}
+	return nil
+}
+
+// options are the engine options resolved for a provider and a model: every default filled in.
 type options struct {
 	lmHighPriority bool
-	lmGraph        string // on, decode, fixed, off
-	flowGraph      string // on, fixed, off
+	lmGraph        LMGraph
+	flowGraph      FlowGraph
 	flowWorkers    int
 	flowShare      bool
 	vocoderBatches []int // the vocoder's fixed-shape batch sizes; none: one session takes every shape
-	// vocoderWindow is the most mel frames the vocoder runs in one item; 0: never split; -1:
-	// defaultVocoderWindow.
+	// vocoderWindow is the most mel frames the vocoder runs in one item, as Options.VocoderWindow:
+	// 0 the vocoder's default window (defaultVocoderWindow), NeverSplit never split.
 	vocoderWindow int
-	exactBatches  bool // flow and vocoder batches of one item length (tts.EngineOptions.ExactBatches)
+	exactBatches  bool // flow and vocoder batches of one item length (Options.ExactBatches)
 }
 
-func resolveOptions(o tts.EngineOptions, cuda bool, m *Manifest) options {
+func resolveOptions(o Options, cuda bool, m *Manifest) options {
 	r := options{
-		lmHighPriority: o.LMStreamPriority != "normal",
+		lmHighPriority: o.LMStreamPriority != PriorityNormal,
 		lmGraph:        o.LMCUDAGraph,
 		flowGraph:      o.FlowCUDAGraph,
 		flowWorkers:    o.FlowWorkers,
-		flowShare:      o.FlowFirstWorker == "share",
+		flowShare:      o.FlowFirstWorker == FirstWorkerShare,
 		vocoderBatches: o.VocoderBatches,
+		vocoderWindow:  o.VocoderWindow,
 		exactBatches:   o.ExactBatches,
 	}
 	if r.lmGraph == "" {
 		// The LM's graphs made a decode step 2-3× faster and a prefill of one prompt 3× faster
 		// (docs/benchmarks/RESULTS.md); they need the shared cache.
-		r.lmGraph = "off"
+		r.lmGraph = LMGraphOff
 		if cuda && m.LM.Cache == "shared" {
-			r.lmGraph = "on"
+			r.lmGraph = LMGraphOn
 		}
 	}
 	if r.flowGraph == "" {
-		r.flowGraph = "off"
+		r.flowGraph = FlowGraphOff
 		if cuda {
-			r.flowGraph = "on"
+			r.flowGraph = FlowGraphOn
 		}
 	}
 	if r.flowWorkers == 0 {
@@ -49,17 +227,12 @@ func resolveOptions(o tts.EngineOptions, cuda bool, m *Manifest) options {
 			r.flowWorkers = 2
 		}
 	}
-	if !o.VocoderBatchesSet && len(o.VocoderBatches) == 0 && cuda {
+	if o.VocoderBatches == nil && cuda {
 		// A vocoder fed chunks of every length changes shape on nearly every run.
 		r.vocoderBatches = []int{1, 4, 16}
 	}
-	switch {
-	case o.VocoderWindow == -1:
-		r.vocoderWindow = 0
-	case o.VocoderWindow > 0:
-		r.vocoderWindow = o.VocoderWindow
-	case cuda:
-		r.vocoderWindow = -1
+	if r.vocoderWindow == 0 && !cuda {
+		r.vocoderWindow = NeverSplit
 	}
 	return r
 }

@@ -1,6 +1,7 @@
 package staged
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -8,28 +9,38 @@ import (
 	"github.com/voxmux/voxmux/tts"
 )
 
+// section writes o as a group's engine section, as the config carries it to Open.
+func section(t testing.TB, o Options) tts.EngineSection {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // Engine options resolve to the provider's defaults where unset, and keep what is set.
 func TestResolveOptions(t *testing.T) {
 	shared, concat := &Manifest{}, &Manifest{}
 	shared.LM.Cache, concat.LM.Cache = "shared", "concat"
 	for _, c := range []struct {
 		name string
-		o    tts.EngineOptions
+		o    Options
 		cuda bool
 		m    *Manifest
 		want options
 	}{
-		{"cpu defaults", tts.EngineOptions{}, false, shared,
-			options{lmHighPriority: true, lmGraph: "off", flowGraph: "off", flowWorkers: 1}},
-		{"cuda defaults, shared cache", tts.EngineOptions{}, true, shared,
-			options{lmHighPriority: true, lmGraph: "on", flowGraph: "on", flowWorkers: 2, vocoderBatches: []int{1, 4, 16}, vocoderWindow: -1}},
-		{"cuda, concat cache: no LM graphs", tts.EngineOptions{}, true, concat,
-			options{lmHighPriority: true, lmGraph: "off", flowGraph: "on", flowWorkers: 2, vocoderBatches: []int{1, 4, 16}, vocoderWindow: -1}},
-		{"cuda, all set", tts.EngineOptions{LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", FlowWorkers: 3,
+		{"cpu defaults", Options{}, false, shared,
+			options{lmHighPriority: true, lmGraph: "off", flowGraph: "off", flowWorkers: 1, vocoderWindow: NeverSplit}},
+		{"cuda defaults, shared cache", Options{}, true, shared,
+			options{lmHighPriority: true, lmGraph: "on", flowGraph: "on", flowWorkers: 2, vocoderBatches: []int{1, 4, 16}}},
+		{"cuda, concat cache: no LM graphs", Options{}, true, concat,
+			options{lmHighPriority: true, lmGraph: "off", flowGraph: "on", flowWorkers: 2, vocoderBatches: []int{1, 4, 16}}},
+		{"cuda, all set", Options{LMStreamPriority: "normal", LMCUDAGraph: "decode", FlowCUDAGraph: "fixed", FlowWorkers: 3,
 			FlowFirstWorker: "share", VocoderBatches: []int{2, 8}, VocoderWindow: 100}, true, shared,
 			options{lmGraph: "decode", flowGraph: "fixed", flowWorkers: 3, flowShare: true, vocoderBatches: []int{2, 8}, vocoderWindow: 100}},
-		{"cuda, vocoder batches off, never split", tts.EngineOptions{VocoderBatchesSet: true, VocoderWindow: -1}, true, shared,
-			options{lmHighPriority: true, lmGraph: "on", flowGraph: "on", flowWorkers: 2}},
+		{"cuda, vocoder batches off, never split", Options{VocoderBatches: []int{}, VocoderWindow: NeverSplit}, true, shared,
+			options{lmHighPriority: true, lmGraph: "on", flowGraph: "on", flowWorkers: 2, vocoderWindow: NeverSplit}},
 	} {
 		got := resolveOptions(c.o, c.cuda, c.m)
 		if got.lmHighPriority != c.want.lmHighPriority || got.lmGraph != c.want.lmGraph || got.flowGraph != c.want.flowGraph ||
@@ -43,15 +54,44 @@ func TestResolveOptions(t *testing.T) {
 // lm_cuda_graph needs the LM's shared cache contract: the tiny model's default LM concatenates
 // its cache, so asking for graphs fails its load with the reason; a bad value fails with the key.
 func TestLMCUDAGraphOption(t *testing.T) {
-	if _, err := loadTiny(t, tts.EngineOptions{LMCUDAGraph: "yes"}); err == nil || !strings.Contains(err.Error(), `engine.lm_cuda_graph: "yes" is not one of`) {
+	if _, err := loadTiny(t, Options{LMCUDAGraph: "yes"}); err == nil || !strings.Contains(err.Error(), `engine.lm_cuda_graph: "yes" is not one of`) {
 		t.Errorf("lm_cuda_graph yes: %v", err)
 	}
-	if _, err := loadTiny(t, tts.EngineOptions{LMCUDAGraph: "on"}); err == nil || !strings.Contains(err.Error(), "lm_cuda_graph needs an LM with lm.cache: shared") {
+	if _, err := loadTiny(t, Options{LMCUDAGraph: "on"}); err == nil || !strings.Contains(err.Error(), "lm_cuda_graph needs an LM with lm.cache: shared") {
 		t.Errorf("lm_cuda_graph on with the concat cache: %v", err)
 	}
-	p, err := loadTiny(t, tts.EngineOptions{LMCUDAGraph: "off"})
+	p, err := loadTiny(t, Options{LMCUDAGraph: "off"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Close()
+}
+
+// The engine section parses into typed options; a value outside an enum, a value of the wrong
+// type, a range and another family's key are each refused naming the key.
+func TestParseOptions(t *testing.T) {
+	o, err := parseOptions(tts.EngineSection(`{"lm_cuda_graph": "decode", "flow_first_worker": "share", "vocoder_batches": [], "vocoder_window": -1, "intra_op_num_threads": 2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.LMCUDAGraph != LMGraphDecode || o.FlowFirstWorker != FirstWorkerShare || o.VocoderBatches == nil || len(o.VocoderBatches) != 0 ||
+		o.VocoderWindow != NeverSplit || o.IntraOpThreads != 2 {
+		t.Fatalf("parsed %+v", o)
+	}
+	if o, err := parseOptions(nil); err != nil || o.VocoderBatches != nil || o.LMCUDAGraph != "" {
+		t.Fatalf("no section: %+v, %v", o, err)
+	}
+	for section, want := range map[string]string{
+		`{"flow_first_worker": "both"}`: `engine.flow_first_worker: "both" is not one of [keep share]`,
+		`{"lm_stream_priority": "low"}`: `engine.lm_stream_priority: "low" is not one of [high normal]`,
+		`{"flow_cuda_graph": true}`:     "engine.flow_cuda_graph: true is not a string",
+		`{"flow_workers": 9}`:           "engine.flow_workers: 9 is not a number of workers from 1 to 8",
+		`{"vocoder_batches": [4, "x"]}`: `engine.vocoder_batches: [4, "x"] is not a list of whole numbers`,
+		`{"vocoder_cuda_graph": "on"}`:  "engine.vocoder_cuda_graph: the staged family's vocoder runs uncaptured; only voxcpm models capture theirs",
+		`{"piper_batch": 8}`:            "engine.piper_batch: unknown key; the staged family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
+	} {
+		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", section, err, want)
+		}
+	}
 }

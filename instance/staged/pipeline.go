@@ -38,30 +38,28 @@ func LoadPipeline(cfg tts.LoadConfig) (*Pipeline, error) {
 
 // loadPipeline puts the LM on device lmDev and the flow and vocoder on flowDev.
 func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipeline, error) {
-	if err := cfg.Engine.Validate(); err != nil {
+	o, err := parseOptions(cfg.Engine)
+	if err != nil {
 		return nil, err // the config's own check names its file too
 	}
-	if cfg.Engine.VocoderCUDAGraph == "on" {
-		return nil, &tts.OptionError{Key: "vocoder_cuda_graph", Msg: "the staged family's vocoder runs uncaptured; only voxcpm models capture theirs"}
-	}
-	rt, err := ort.New(cfg, lmDev)
+	rt, err := ort.New(cfg, lmDev, o.Options)
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{m: m, rt: rt, rt2: rt, opt: resolveOptions(cfg.Engine, rt.CUDA(), m)}
+	p := &Pipeline{m: m, rt: rt, rt2: rt, opt: resolveOptions(o, rt.CUDA(), m)}
 	if flowDev != lmDev {
-		if p.rt2, err = ort.New(cfg, flowDev); err != nil {
+		if p.rt2, err = ort.New(cfg, flowDev, o.Options); err != nil {
 			rt.Close()
 			return nil, err
 		}
 	}
 	if err = iobind.Init(cfg.ORTLibrary); err == nil {
 		graphRows, mode := 0, p.opt.lmGraph
-		if mode != "off" {
+		if mode != LMGraphOff {
 			// One slot per request the instance takes at once (the router's max_inflight).
 			graphRows = cmp.Or(cfg.MaxInflight, 256)
 		}
-		p.lm, err = newLMDecoder(m, rt.LMPlacement(mode == "on" || mode == "decode", p.opt.lmHighPriority), graphRows, mode == "on" || mode == "fixed")
+		p.lm, err = newLMDecoder(m, rt.LMPlacement(mode.decodeGraphs(), p.opt.lmHighPriority), graphRows, mode.fixedPrefills())
 	}
 	for w := 0; err == nil && w < p.opt.flowWorkers; w++ {
 		var f flowRunner
@@ -73,7 +71,7 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 		p.voc, err = newVocoderStage(p.rt2, m, p.opt)
 	}
 	if err == nil && m.VoiceEncoder != nil && lmDev == 0 {
-		p.venc, err = newVoiceEncoder(m, cfg)
+		p.venc, err = newVoiceEncoder(m, cfg, o.Options)
 	}
 	if err != nil {
 		p.Close()

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/tts"
+	"github.com/voxmux/voxmux/instance/ort"
 )
 
 func TestProfileStages(t *testing.T) {
@@ -88,7 +88,7 @@ func TestProfileStagesTogether(t *testing.T) {
 // its own file, written when the pipeline closes.
 func TestProfileOptionWritesEachSessionsProfile(t *testing.T) {
 	dir := t.TempDir()
-	p, err := loadTiny(t, tts.EngineOptions{Profile: filepath.Join(dir, "run-")})
+	p, err := loadTiny(t, Options{Options: ort.Options{Profile: filepath.Join(dir, "run-")}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -21,7 +22,7 @@ import (
 func samplingEngine(t *testing.T, exact bool) *Engine {
 	t.Helper()
 	p, err := LoadPipeline(tts.LoadConfig{Manifest: "../../models/tiny/sampling.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t),
-		Engine: tts.EngineOptions{IntraOpThreads: 1, ExactBatches: exact}})
+		Engine: section(t, Options{Options: ort.Options{IntraOpThreads: 1}, ExactBatches: exact})})
 	if err != nil {
 		t.Fatal(err)
 	}

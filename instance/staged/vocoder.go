@@ -110,7 +110,7 @@ func newVocoderStage(rt *ort.Runtime, m *Manifest, opt options) (*vocoderStage, 
 		return nil, fmt.Errorf("engine.vocoder_window: %d frames must be more than the manifest's vocoder context (vocoder.context_frames, else streaming.context_tokens × flow.frames_per_token: %d frames)", w, v.ctx)
 	case w > 0:
 		v.window = w
-	case w < 0 && v.ctx > 0:
+	case w == 0 && v.ctx > 0:
 		v.window = defaultVocoderWindow(frames)
 	}
 	if v.window > 0 {

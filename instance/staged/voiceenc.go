@@ -106,10 +106,10 @@ type voiceEncoder struct {
 }
 
 // newVoiceEncoder opens voice_encoder's networks, their input names read by position.
-func newVoiceEncoder(m *Manifest, cfg tts.LoadConfig) (*voiceEncoder, error) {
+func newVoiceEncoder(m *Manifest, cfg tts.LoadConfig, o ort.Options) (*voiceEncoder, error) {
 	spec := m.VoiceEncoder
-	cpu := tts.LoadConfig{ORTLibrary: cfg.ORTLibrary, Provider: "cpu", Engine: tts.EngineOptions{IntraOpThreads: cfg.Engine.IntraOpThreads}}
-	rt, err := ort.New(cpu, 0)
+	cpu := tts.LoadConfig{ORTLibrary: cfg.ORTLibrary, Provider: "cpu"}
+	rt, err := ort.New(cpu, 0, ort.Options{IntraOpThreads: o.IntraOpThreads})
 	if err != nil {
 		return nil, fmt.Errorf("voice_encoder: %w", err)
 	}

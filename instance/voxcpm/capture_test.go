@@ -12,7 +12,7 @@ import (
 // inputs differ from the other's is reported.
 func TestCaptureCheck(t *testing.T) {
 	m, rt := tinyRuntime(t)
-	g, err := openGraphs(m, rt, 4, graphModes{step: graphFixed})
+	g, err := openGraphs(m, rt, 4, graphModes{step: StepGraphFixed})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,9 +34,9 @@ type voiceEncoder struct {
 	mu sync.Mutex
 }
 
-func newVoiceEncoder(m *Manifest, cfg tts.LoadConfig) (*voiceEncoder, error) {
-	cpu := tts.LoadConfig{ORTLibrary: cfg.ORTLibrary, Provider: "cpu", Engine: tts.EngineOptions{IntraOpThreads: cfg.Engine.IntraOpThreads}}
-	rt, err := ort.New(cpu, 0)
+func newVoiceEncoder(m *Manifest, cfg tts.LoadConfig, o ort.Options) (*voiceEncoder, error) {
+	cpu := tts.LoadConfig{ORTLibrary: cfg.ORTLibrary, Provider: "cpu"}
+	rt, err := ort.New(cpu, 0, ort.Options{IntraOpThreads: o.IntraOpThreads})
 	if err != nil {
 		return nil, fmt.Errorf("graphs.vae_encoder: %w", err)
 	}

@@ -63,16 +63,9 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 	if err != nil {
 		return nil, tts.Description{}, err
 	}
-	if err := cfg.Engine.Validate(); err != nil {
+	o, err := parseOptions(cfg.Engine)
+	if err != nil {
 		return nil, tts.Description{}, err
-	}
-	if len(cfg.Engine.VocoderBatches) > 0 {
-		return nil, tts.Description{}, &tts.OptionError{Key: "vocoder_batches",
-			Msg: "voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies"}
-	}
-	if plainVAE(cfg.Engine) && cfg.Engine.VocoderCUDAGraph == "on" {
-		return nil, tts.Description{}, &tts.OptionError{Key: "vocoder_cuda_graph",
-			Msg: "on captures the VAE decoder's fixed batch sizes, which vocoder_batches: [] turns off"}
 	}
 	if cfg.Placement == "split" {
 		return nil, tts.Description{}, errors.New("placement split is not supported by voxcpm models: each GPU runs the whole model (placement replicated)")
@@ -87,7 +80,7 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 	}
 	var engines []*Engine
 	for d := range devices {
-		e, err := openEngine(m, tok, cfg, d)
+		e, err := openEngine(m, tok, cfg, o, d)
 		if err != nil {
 			for _, e := range engines {
 				e.Close()
@@ -104,8 +97,8 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 
 // openEngine loads the graphs on device d and starts an engine over them; the engine on device 0
 // also makes voices from clips.
-func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine, error) {
-	rt, err := ort.New(cfg, d)
+func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, o Options, d int) (*Engine, error) {
+	rt, err := ort.New(cfg, d, o.Options)
 	if err != nil {
 		return nil, err
 	}
@@ -114,14 +107,14 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openGraphs(m, rt, slots, resolveModes(cfg.Engine, rt.CUDA()))
+	g, err := openGraphs(m, rt, slots, resolveModes(o, rt.CUDA()))
 	if err != nil {
 		rt.Close()
 		return nil, err
 	}
 	var enc *voiceEncoder
 	if m.Graphs.VAEEncoder != "" && d == 0 {
-		if enc, err = newVoiceEncoder(m, cfg); err != nil {
+		if enc, err = newVoiceEncoder(m, cfg, o.Options); err != nil {
 			g.close()
 			rt.Close()
 			return nil, err
@@ -131,10 +124,6 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, d int) (*Engine,
 	e.enc, e.closeRest = enc, rt.Close
 	return e, nil
 }
-
-// plainVAE reports whether the VAE decoder runs every batch in its own shape rather than in the
-// step's buckets: engine.vocoder_batches set to [], as for the staged family's vocoder.
-func plainVAE(o tts.EngineOptions) bool { return o.VocoderBatchesSet && len(o.VocoderBatches) == 0 }
 
 // replicas spreads requests over one engine per GPU, to the least loaded.
 type replicas struct {

@@ -18,6 +18,13 @@ import (
 // float16 rounding, as is that of the VAE decoder run in every batch's own shape
 // (vocoder_batches []).
 func TestGPUSteps(t *testing.T) {
+	gpuOptions := func(mode string, plainVAE bool, vaeGraphs string) Options {
+		o := Options{LMCUDAGraph: StepGraph(mode), VocoderCUDAGraph: VAEGraph(vaeGraphs)}
+		if plainVAE {
+			o.VocoderBatches = []int{}
+		}
+		return o
+	}
 	path := os.Getenv("VOXMUX_GPU_VOXCPM")
 	if path == "" {
 		t.Skip("VOXMUX_GPU_VOXCPM is not set")
@@ -28,7 +35,7 @@ func TestGPUSteps(t *testing.T) {
 	}
 	open := func(mode string, plainVAE bool, vaeGraphs string) *Engine {
 		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 16,
-			Engine: tts.EngineOptions{LMCUDAGraph: mode, VocoderBatchesSet: plainVAE, VocoderCUDAGraph: vaeGraphs}})
+			Engine: section(t, gpuOptions(mode, plainVAE, vaeGraphs))})
 		if err != nil {
 			t.Fatalf("lm_cuda_graph %s, vocoder_cuda_graph %q: %v", mode, vaeGraphs, err)
 		}

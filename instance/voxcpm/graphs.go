@@ -109,7 +109,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *g
 	if g.v, err = openVAE(m, rt, rows, buckets, modes.plainVAE, modes.captureVAE); err != nil {
 		return nil, err
 	}
-	if mode == graphOff {
+	if mode == StepGraphOff {
 		if g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", false); err != nil {
 			return nil, err
 		}
@@ -123,7 +123,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *g
 	}
 	g.sg = &stepGraphs{thread: ort.NewThread()}
 	err = g.sg.thread.Do(func() (err error) {
-		g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", mode == graphOn)
+		g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", mode == StepGraphOn)
 		return err
 	})
 	if err != nil {

@@ -35,7 +35,7 @@ func tinyPrompts(t *testing.T, m *Manifest, n int) []*prompt {
 // stop logits alone, at its own last position; placeholder rows take no part.
 func TestTinyBatchedPrefill(t *testing.T) {
 	m, rt := tinyRuntime(t)
-	g, err := openGraphs(m, rt, 8, graphModes{step: graphOff})
+	g, err := openGraphs(m, rt, 8, graphModes{step: StepGraphOff})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,19 +5,11 @@ import (
 
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
-	"github.com/voxmux/voxmux/tts"
-)
-
-// Step graph modes (engine option lm_cuda_graph).
-const (
-	graphOff   = "off"   // every step runs its own shape through ONNX Runtime
-	graphFixed = "fixed" // steps run in the buckets' shapes, bound once, without capturing
-	graphOn    = "on"    // the buckets' steps are captured as CUDA graphs and replayed
 )
 
 // graphModes are how the step and the VAE decoder run (openGraphs).
 type graphModes struct {
-	step string // graphOff, graphFixed or graphOn
+	step StepGraph
 	// plainVAE runs every decode in its own shape (vocoder_batches: []), else in the buckets'.
 	plainVAE bool
 	// captureVAE captures the buckets' decodes as CUDA graphs (on CUDA only).
@@ -25,34 +17,32 @@ type graphModes struct {
 }
 
 // resolveModes resolves lm_cuda_graph, vocoder_batches and vocoder_cuda_graph (checked by
-// Family.Open) for a provider.
-func resolveModes(o tts.EngineOptions, cuda bool) graphModes {
-	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: plainVAE(o)}
+// parseOptions) for a provider.
+func resolveModes(o Options, cuda bool) graphModes {
+	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: o.plainVAE()}
 	switch o.VocoderCUDAGraph {
-	case "on":
+	case VAEGraphOn:
 		g.captureVAE = cuda
 	case "":
-		g.captureVAE = g.step == graphOn
+		g.captureVAE = g.step == StepGraphOn
 	}
 	g.captureVAE = g.captureVAE && !g.plainVAE
 	return g
 }
 
-// stepGraphMode resolves lm_cuda_graph for the step graph. Unset, it is off: on an H100 the
-// captured step replays NaN (docs/benchmarks/2026-11-27-h100-voxcpm/), which the load-time check
-// refuses. "decode" (staged's decode steps only) is "on": the step is the only graph that runs per
-// patch.
-func stepGraphMode(o tts.EngineOptions, cuda bool) string {
+// stepGraphMode resolves lm_cuda_graph for the step graph on a provider: unset is off, and on
+// runs as fixed on the CPU (the same shapes and bindings, with no graphs to capture).
+func stepGraphMode(o Options, cuda bool) StepGraph {
 	switch o.LMCUDAGraph {
-	case "on", "decode":
+	case StepGraphOn:
 		if cuda {
-			return graphOn
+			return StepGraphOn
 		}
-		return graphFixed // the same shapes and bindings; the CPU has no graphs to capture
-	case "fixed":
-		return graphFixed
+		return StepGraphFixed
+	case StepGraphFixed:
+		return StepGraphFixed
 	}
-	return graphOff
+	return StepGraphOff
 }
 
 // stepGraphs run the step graph in fixed batch sizes. A CUDA graph replays the kernels ONNX

@@ -2,6 +2,7 @@ package voxcpm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -25,14 +26,24 @@ func tinyPath() string {
 	return "../../models/tiny-voxcpm/pipeline.yaml"
 }
 
+// section writes o as a group's engine section, as the config carries it to Open.
+func section(t testing.TB, o Options) tts.EngineSection {
+	t.Helper()
+	b, err := json.Marshal(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // tinyEngine opens the tiny export on the CPU with room for slots streams. Without the export
 // the test is skipped, or fails when VOXMUX_REQUIRE_TINY_VOXCPM=1.
 func tinyEngine(t *testing.T, slots int) *Engine {
-	return tinyEngineWith(t, slots, tts.EngineOptions{})
+	return tinyEngineWith(t, slots, Options{})
 }
 
 // tinyEngineWith is tinyEngine with engine options.
-func tinyEngineWith(t *testing.T, slots int, opts tts.EngineOptions) *Engine {
+func tinyEngineWith(t *testing.T, slots int, opts Options) *Engine {
 	t.Helper()
 	path := tinyPath()
 	if _, err := os.Stat(path); err != nil {
@@ -45,7 +56,7 @@ func tinyEngineWith(t *testing.T, slots int, opts tts.EngineOptions) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, d, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib, MaxInflight: slots, Engine: opts})
+	r, d, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib, MaxInflight: slots, Engine: section(t, opts)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +161,7 @@ func TestTinyBatchedEqualsAlone(t *testing.T) {
 // CPU runs without capturing) gives the audio of the plain step, alone and batched.
 func TestTinyFixedShapes(t *testing.T) {
 	plain := tinyEngine(t, 6)
-	fixed := tinyEngineWith(t, 6, tts.EngineOptions{LMCUDAGraph: "fixed"})
+	fixed := tinyEngineWith(t, 6, Options{LMCUDAGraph: "fixed"})
 	if fixed.run.(*graphs).sg == nil || plain.run.(*graphs).sg != nil {
 		t.Fatal("lm_cuda_graph fixed does not run the step in fixed shapes")
 	}

@@ -30,7 +30,7 @@ func tinyRuntime(t *testing.T) (*Manifest, *ort.Runtime) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: lib}, 0)
+	rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: lib}, 0, ort.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func (c *countingRunner) decode(n int, patch []float32) ([]float32, error) {
 
 // tinyCountingEngine is tinyEngineWith over a countingRunner, the VAE's work beside the steps
 // (overlap) or in line.
-func tinyCountingEngine(t *testing.T, slots int, opts tts.EngineOptions, overlap bool) (*Engine, *countingRunner) {
+func tinyCountingEngine(t *testing.T, slots int, opts Options, overlap bool) (*Engine, *countingRunner) {
 	t.Helper()
 	m, rt := tinyRuntime(t)
 	tok, err := loadTokenizer(m)
@@ -176,7 +176,7 @@ func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 // (lm_cuda_graph fixed), gives each request the audio of the plain VAE and step, alone and
 // batched with streams joining and leaving (compaction moving them down).
 func TestTinyVAEFixedShapes(t *testing.T) {
-	plain := tinyEngineWith(t, 6, tts.EngineOptions{VocoderBatchesSet: true})
+	plain := tinyEngineWith(t, 6, Options{VocoderBatches: []int{}})
 	if plain.run.(*graphs).v.buckets != nil {
 		t.Fatal("vocoder_batches [] does not run the VAE in its own shapes")
 	}
@@ -191,8 +191,8 @@ func TestTinyVAEFixedShapes(t *testing.T) {
 			t.Fatal(want[i].err)
 		}
 	}
-	for _, mode := range []string{"off", "fixed"} {
-		e, c := tinyCountingEngine(t, 6, tts.EngineOptions{LMCUDAGraph: mode}, true)
+	for _, mode := range []StepGraph{StepGraphOff, StepGraphFixed} {
+		e, c := tinyCountingEngine(t, 6, Options{LMCUDAGraph: mode}, true)
 		if g := c.runner.(*graphs); len(g.v.buckets) != len(engine.Buckets(6)) {
 			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(engine.Buckets(6)))
 		}
@@ -228,12 +228,12 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err = Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib,
-		Engine: tts.EngineOptions{VocoderBatches: []int{1, 4}, VocoderBatchesSet: true}})
+		Engine: section(t, Options{VocoderBatches: []int{1, 4}})})
 	if err == nil {
 		t.Fatal("vocoder_batches [1, 4] was accepted")
 	}
 	_, _, err = Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib,
-		Engine: tts.EngineOptions{VocoderBatchesSet: true, VocoderCUDAGraph: "on"}})
+		Engine: section(t, Options{VocoderBatches: []int{}, VocoderCUDAGraph: "on"})})
 	if err == nil || !strings.Contains(err.Error(), "engine.vocoder_cuda_graph") {
 		t.Fatalf("vocoder_cuda_graph on with vocoder_batches []: %v, want a refusal naming the option", err)
 	}
@@ -242,17 +242,17 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 // What lm_cuda_graph, vocoder_batches and vocoder_cuda_graph make of the step and the decoder.
 func TestResolveModes(t *testing.T) {
 	for _, c := range []struct {
-		o    tts.EngineOptions
+		o    Options
 		cuda bool
 		want graphModes
 	}{
-		{tts.EngineOptions{}, true, graphModes{step: graphOff}},
-		{tts.EngineOptions{LMCUDAGraph: "on"}, true, graphModes{step: graphOn, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: graphOn}},
-		{tts.EngineOptions{VocoderCUDAGraph: "on"}, true, graphModes{step: graphOff, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: graphFixed, captureVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderBatchesSet: true}, true, graphModes{step: graphOn, plainVAE: true}},
-		{tts.EngineOptions{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: graphFixed}},
+		{Options{}, true, graphModes{step: StepGraphOff}},
+		{Options{LMCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: StepGraphOn}},
+		{Options{VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOff, captureVAE: true}},
+		{Options{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphFixed, captureVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderBatches: []int{}}, true, graphModes{step: StepGraphOn, plainVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: StepGraphFixed}},
 	} {
 		if got := resolveModes(c.o, c.cuda); got != c.want {
 			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)
@@ -272,14 +272,14 @@ func TestTinyOverlapEqualsInLine(t *testing.T) {
 		}
 		return runTogether(t, e, reqs, func(i int) time.Duration { return time.Duration(i%3) * 20 * time.Millisecond })
 	}
-	inLine, _ := tinyCountingEngine(t, 4, tts.EngineOptions{}, false)
+	inLine, _ := tinyCountingEngine(t, 4, Options{}, false)
 	want := batched(inLine)
 	// Whether a stream moves depends on when requests arrive and finish, which a loaded machine
 	// shifts; every attempt must equal in line, and some attempt must have moved a stream.
 	var worst float64
 	var moves int64
 	for attempt := 0; attempt < 3 && moves == 0; attempt++ {
-		e, c := tinyCountingEngine(t, 4, tts.EngineOptions{LMCUDAGraph: "fixed"}, true)
+		e, c := tinyCountingEngine(t, 4, Options{LMCUDAGraph: "fixed"}, true)
 		got := batched(e)
 		for i := range reqs {
 			if want[i].err != nil || got[i].err != nil || len(got[i].chunks) != len(want[i].chunks) || closeTo(got[i], want[i]) > 1e-4 {

@@ -186,10 +186,12 @@ type LoadRequest struct {
 	ProviderOptions map[string]string      `protobuf:"bytes,4,rep,name=provider_options,json=providerOptions,proto3" json:"provider_options,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"` // ONNX Runtime's execution provider options
 	MaxInflight     uint32                 `protobuf:"varint,5,opt,name=max_inflight,json=maxInflight,proto3" json:"max_inflight,omitempty"`
 	Placement       string                 `protobuf:"bytes,6,opt,name=placement,proto3" json:"placement,omitempty"`                                   // "replicated" or "split"
-	GpuMemoryLimit  string                 `protobuf:"bytes,7,opt,name=gpu_memory_limit,json=gpuMemoryLimit,proto3" json:"gpu_memory_limit,omitempty"` // bytes ("8GiB") or a fraction of the device ("0.4")
-	Engine          *EngineOptions         `protobuf:"bytes,8,opt,name=engine,proto3" json:"engine,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	GpuMemoryLimit  *MemoryLimit           `protobuf:"bytes,9,opt,name=gpu_memory_limit,json=gpuMemoryLimit,proto3" json:"gpu_memory_limit,omitempty"` // unset or zero: ONNX Runtime's default
+	// The group's engine section as a JSON object (tts.EngineSection): the options of the family
+	// serving the model, which parses it; the router and the plugin do not know its keys.
+	EngineSection []byte `protobuf:"bytes,10,opt,name=engine_section,json=engineSection,proto3" json:"engine_section,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadRequest) Reset() {
@@ -264,56 +266,44 @@ func (x *LoadRequest) GetPlacement() string {
 	return ""
 }
 
-func (x *LoadRequest) GetGpuMemoryLimit() string {
+func (x *LoadRequest) GetGpuMemoryLimit() *MemoryLimit {
 	if x != nil {
 		return x.GpuMemoryLimit
-	}
-	return ""
-}
-
-func (x *LoadRequest) GetEngine() *EngineOptions {
-	if x != nil {
-		return x.Engine
 	}
 	return nil
 }
 
-// The engine's own switches (tts.EngineOptions; docs/operations.md), checked when the config loads.
-type EngineOptions struct {
-	state             protoimpl.MessageState `protogen:"open.v1"`
-	VocoderBatches    []int32                `protobuf:"varint,1,rep,packed,name=vocoder_batches,json=vocoderBatches,proto3" json:"vocoder_batches,omitempty"`
-	VocoderBatchesSet bool                   `protobuf:"varint,2,opt,name=vocoder_batches_set,json=vocoderBatchesSet,proto3" json:"vocoder_batches_set,omitempty"` // tells an empty vocoder_batches from an unset one
-	VocoderWindow     int32                  `protobuf:"varint,3,opt,name=vocoder_window,json=vocoderWindow,proto3" json:"vocoder_window,omitempty"`
-	Profile           string                 `protobuf:"bytes,4,opt,name=profile,proto3" json:"profile,omitempty"`
-	LmStreamPriority  string                 `protobuf:"bytes,5,opt,name=lm_stream_priority,json=lmStreamPriority,proto3" json:"lm_stream_priority,omitempty"`
-	LmCudaGraph       string                 `protobuf:"bytes,6,opt,name=lm_cuda_graph,json=lmCudaGraph,proto3" json:"lm_cuda_graph,omitempty"`
-	FlowCudaGraph     string                 `protobuf:"bytes,7,opt,name=flow_cuda_graph,json=flowCudaGraph,proto3" json:"flow_cuda_graph,omitempty"`
-	FlowWorkers       int32                  `protobuf:"varint,8,opt,name=flow_workers,json=flowWorkers,proto3" json:"flow_workers,omitempty"`
-	FlowFirstWorker   string                 `protobuf:"bytes,9,opt,name=flow_first_worker,json=flowFirstWorker,proto3" json:"flow_first_worker,omitempty"`
-	IntraOpNumThreads int32                  `protobuf:"varint,10,opt,name=intra_op_num_threads,json=intraOpNumThreads,proto3" json:"intra_op_num_threads,omitempty"`
-	PiperBatch        int32                  `protobuf:"varint,11,opt,name=piper_batch,json=piperBatch,proto3" json:"piper_batch,omitempty"`
-	PiperWorkers      int32                  `protobuf:"varint,12,opt,name=piper_workers,json=piperWorkers,proto3" json:"piper_workers,omitempty"`
-	PiperQueue        int32                  `protobuf:"varint,13,opt,name=piper_queue,json=piperQueue,proto3" json:"piper_queue,omitempty"`
-	ExactBatches      bool                   `protobuf:"varint,14,opt,name=exact_batches,json=exactBatches,proto3" json:"exact_batches,omitempty"`
-	VocoderCudaGraph  string                 `protobuf:"bytes,15,opt,name=vocoder_cuda_graph,json=vocoderCudaGraph,proto3" json:"vocoder_cuda_graph,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+func (x *LoadRequest) GetEngineSection() []byte {
+	if x != nil {
+		return x.EngineSection
+	}
+	return nil
 }
 
-func (x *EngineOptions) Reset() {
-	*x = EngineOptions{}
+// A cap on ONNX Runtime's CUDA arena per GPU (tts.MemoryLimit): bytes, or else a fraction of the
+// device's memory.
+type MemoryLimit struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Bytes         uint64                 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Fraction      float64                `protobuf:"fixed64,2,opt,name=fraction,proto3" json:"fraction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemoryLimit) Reset() {
+	*x = MemoryLimit{}
 	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *EngineOptions) String() string {
+func (x *MemoryLimit) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*EngineOptions) ProtoMessage() {}
+func (*MemoryLimit) ProtoMessage() {}
 
-func (x *EngineOptions) ProtoReflect() protoreflect.Message {
+func (x *MemoryLimit) ProtoReflect() protoreflect.Message {
 	mi := &file_plugin_proto_voxmux_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -325,114 +315,23 @@ func (x *EngineOptions) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use EngineOptions.ProtoReflect.Descriptor instead.
-func (*EngineOptions) Descriptor() ([]byte, []int) {
+// Deprecated: Use MemoryLimit.ProtoReflect.Descriptor instead.
+func (*MemoryLimit) Descriptor() ([]byte, []int) {
 	return file_plugin_proto_voxmux_proto_rawDescGZIP(), []int{3}
 }
 
-func (x *EngineOptions) GetVocoderBatches() []int32 {
+func (x *MemoryLimit) GetBytes() uint64 {
 	if x != nil {
-		return x.VocoderBatches
-	}
-	return nil
-}
-
-func (x *EngineOptions) GetVocoderBatchesSet() bool {
-	if x != nil {
-		return x.VocoderBatchesSet
-	}
-	return false
-}
-
-func (x *EngineOptions) GetVocoderWindow() int32 {
-	if x != nil {
-		return x.VocoderWindow
+		return x.Bytes
 	}
 	return 0
 }
 
-func (x *EngineOptions) GetProfile() string {
+func (x *MemoryLimit) GetFraction() float64 {
 	if x != nil {
-		return x.Profile
-	}
-	return ""
-}
-
-func (x *EngineOptions) GetLmStreamPriority() string {
-	if x != nil {
-		return x.LmStreamPriority
-	}
-	return ""
-}
-
-func (x *EngineOptions) GetLmCudaGraph() string {
-	if x != nil {
-		return x.LmCudaGraph
-	}
-	return ""
-}
-
-func (x *EngineOptions) GetFlowCudaGraph() string {
-	if x != nil {
-		return x.FlowCudaGraph
-	}
-	return ""
-}
-
-func (x *EngineOptions) GetFlowWorkers() int32 {
-	if x != nil {
-		return x.FlowWorkers
+		return x.Fraction
 	}
 	return 0
-}
-
-func (x *EngineOptions) GetFlowFirstWorker() string {
-	if x != nil {
-		return x.FlowFirstWorker
-	}
-	return ""
-}
-
-func (x *EngineOptions) GetIntraOpNumThreads() int32 {
-	if x != nil {
-		return x.IntraOpNumThreads
-	}
-	return 0
-}
-
-func (x *EngineOptions) GetPiperBatch() int32 {
-	if x != nil {
-		return x.PiperBatch
-	}
-	return 0
-}
-
-func (x *EngineOptions) GetPiperWorkers() int32 {
-	if x != nil {
-		return x.PiperWorkers
-	}
-	return 0
-}
-
-func (x *EngineOptions) GetPiperQueue() int32 {
-	if x != nil {
-		return x.PiperQueue
-	}
-	return 0
-}
-
-func (x *EngineOptions) GetExactBatches() bool {
-	if x != nil {
-		return x.ExactBatches
-	}
-	return false
-}
-
-func (x *EngineOptions) GetVocoderCudaGraph() string {
-	if x != nil {
-		return x.VocoderCudaGraph
-	}
-	return ""
 }
 
 type LoadResponse struct {
@@ -996,7 +895,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x0fembedding_f32le\x18\x05 \x01(\fR\x0eembeddingF32le\x12#\n" +
 	"\rlatents_f32le\x18\x06 \x01(\fR\flatentsF32le\x12\x1d\n" +
 	"\n" +
-	"latent_dim\x18\a \x01(\rR\tlatentDim\"\xad\x03\n" +
+	"latent_dim\x18\a \x01(\rR\tlatentDim\"\xce\x03\n" +
 	"\vLoadRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12\x1a\n" +
 	"\bprovider\x18\x02 \x01(\tR\bprovider\x12\x1f\n" +
@@ -1004,31 +903,16 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"ortLibrary\x12]\n" +
 	"\x10provider_options\x18\x04 \x03(\v22.voxmux.plugin.v1.LoadRequest.ProviderOptionsEntryR\x0fproviderOptions\x12!\n" +
 	"\fmax_inflight\x18\x05 \x01(\rR\vmaxInflight\x12\x1c\n" +
-	"\tplacement\x18\x06 \x01(\tR\tplacement\x12(\n" +
-	"\x10gpu_memory_limit\x18\a \x01(\tR\x0egpuMemoryLimit\x127\n" +
-	"\x06engine\x18\b \x01(\v2\x1f.voxmux.plugin.v1.EngineOptionsR\x06engine\x1aB\n" +
+	"\tplacement\x18\x06 \x01(\tR\tplacement\x12G\n" +
+	"\x10gpu_memory_limit\x18\t \x01(\v2\x1d.voxmux.plugin.v1.MemoryLimitR\x0egpuMemoryLimit\x12%\n" +
+	"\x0eengine_section\x18\n" +
+	" \x01(\fR\rengineSection\x1aB\n" +
 	"\x14ProviderOptionsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdd\x04\n" +
-	"\rEngineOptions\x12'\n" +
-	"\x0fvocoder_batches\x18\x01 \x03(\x05R\x0evocoderBatches\x12.\n" +
-	"\x13vocoder_batches_set\x18\x02 \x01(\bR\x11vocoderBatchesSet\x12%\n" +
-	"\x0evocoder_window\x18\x03 \x01(\x05R\rvocoderWindow\x12\x18\n" +
-	"\aprofile\x18\x04 \x01(\tR\aprofile\x12,\n" +
-	"\x12lm_stream_priority\x18\x05 \x01(\tR\x10lmStreamPriority\x12\"\n" +
-	"\rlm_cuda_graph\x18\x06 \x01(\tR\vlmCudaGraph\x12&\n" +
-	"\x0fflow_cuda_graph\x18\a \x01(\tR\rflowCudaGraph\x12!\n" +
-	"\fflow_workers\x18\b \x01(\x05R\vflowWorkers\x12*\n" +
-	"\x11flow_first_worker\x18\t \x01(\tR\x0fflowFirstWorker\x12/\n" +
-	"\x14intra_op_num_threads\x18\n" +
-	" \x01(\x05R\x11intraOpNumThreads\x12\x1f\n" +
-	"\vpiper_batch\x18\v \x01(\x05R\n" +
-	"piperBatch\x12#\n" +
-	"\rpiper_workers\x18\f \x01(\x05R\fpiperWorkers\x12\x1f\n" +
-	"\vpiper_queue\x18\r \x01(\x05R\n" +
-	"piperQueue\x12#\n" +
-	"\rexact_batches\x18\x0e \x01(\bR\fexactBatches\x12,\n" +
-	"\x12vocoder_cuda_graph\x18\x0f \x01(\tR\x10vocoderCudaGraph\"\xb4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\a\x10\bJ\x04\b\b\x10\tR\x06engine\"?\n" +
+	"\vMemoryLimit\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x1a\n" +
+	"\bfraction\x18\x02 \x01(\x01R\bfraction\"\xb4\x01\n" +
 	"\fLoadResponse\x120\n" +
 	"\x14cuda_visible_devices\x18\x05 \x01(\tR\x12cudaVisibleDevices\x12)\n" +
 	"\x04gpus\x18\a \x03(\v2\x15.voxmux.plugin.v1.GpuR\x04gpusJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03J\x04\b\x03\x10\x04J\x04\b\x04\x10\x05J\x04\b\x06\x10\aR\x05modelR\vsample_rateR\x06voicesR\bproviderR\x03pid\"f\n" +
@@ -1096,7 +980,7 @@ var file_plugin_proto_voxmux_proto_goTypes = []any{
 	(*VoiceClip)(nil),         // 0: voxmux.plugin.v1.VoiceClip
 	(*VoicePrompt)(nil),       // 1: voxmux.plugin.v1.VoicePrompt
 	(*LoadRequest)(nil),       // 2: voxmux.plugin.v1.LoadRequest
-	(*EngineOptions)(nil),     // 3: voxmux.plugin.v1.EngineOptions
+	(*MemoryLimit)(nil),       // 3: voxmux.plugin.v1.MemoryLimit
 	(*LoadResponse)(nil),      // 4: voxmux.plugin.v1.LoadResponse
 	(*Gpu)(nil),               // 5: voxmux.plugin.v1.Gpu
 	(*SynthesizeRequest)(nil), // 6: voxmux.plugin.v1.SynthesizeRequest
@@ -1109,7 +993,7 @@ var file_plugin_proto_voxmux_proto_goTypes = []any{
 }
 var file_plugin_proto_voxmux_proto_depIdxs = []int32{
 	12, // 0: voxmux.plugin.v1.LoadRequest.provider_options:type_name -> voxmux.plugin.v1.LoadRequest.ProviderOptionsEntry
-	3,  // 1: voxmux.plugin.v1.LoadRequest.engine:type_name -> voxmux.plugin.v1.EngineOptions
+	3,  // 1: voxmux.plugin.v1.LoadRequest.gpu_memory_limit:type_name -> voxmux.plugin.v1.MemoryLimit
 	5,  // 2: voxmux.plugin.v1.LoadResponse.gpus:type_name -> voxmux.plugin.v1.Gpu
 	1,  // 3: voxmux.plugin.v1.SynthesizeRequest.prompt:type_name -> voxmux.plugin.v1.VoicePrompt
 	8,  // 4: voxmux.plugin.v1.AudioChunk.text:type_name -> voxmux.plugin.v1.TextSpan

@@ -1,0 +1,28 @@
+package voxcpm
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/voxmux/voxmux/tts"
+)
+
+// The engine section parses into typed options (decode is the step graph on, the step being the
+// only graph per patch); values outside an enum and keys of the staged family are refused naming
+// the key.
+func TestParseOptions(t *testing.T) {
+	o, err := parseOptions(tts.EngineSection(`{"lm_cuda_graph": "decode", "vocoder_cuda_graph": "off", "vocoder_batches": []}`))
+	if err != nil || o.LMCUDAGraph != StepGraphOn || o.VocoderCUDAGraph != VAEGraphOff || !o.plainVAE() {
+		t.Fatalf("parsed %+v, %v", o, err)
+	}
+	for section, want := range map[string]string{
+		`{"lm_cuda_graph": "yes"}`:    `engine.lm_cuda_graph: "yes" is not one of [on decode fixed off]`,
+		`{"vocoder_cuda_graph": 1}`:   "engine.vocoder_cuda_graph: 1 is not a string",
+		`{"flow_workers": 2}`:         "engine.flow_workers: unknown key; the voxcpm family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
+		`{"vocoder_batches": [1, 4]}`: "engine.vocoder_batches: [1 4]: voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies",
+	} {
+		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", section, err, want)
+		}
+	}
+}
