@@ -32,7 +32,7 @@ request_timeout: 10m
 groups:
   - name: g
     gpus: $gpus
-    engine: {flow_cuda_graph: "off", lm_cuda_graph: "off", vocoder_batches: "off"}
+    engine: {flow_cuda_graph: "off", lm_cuda_graph: "off", vocoder_batches: []}
 YAML
   "$bin" serve --config "$work/$name.yaml" > "$work/$name.log" 2>&1 &
   local pid=$!
