@@ -94,6 +94,11 @@ func startEngine(m *Manifest, tok tokenizer, run runner, slots int, overlap bool
 // Stats counts each stage's runs and the streams they carried.
 func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
 
+// Report is the engine's stage counts and cancels; it does not time its requests' first audio.
+func (e *Engine) Report() engine.Report {
+	return engine.Report{Stages: e.Stats(), Cancels: e.CancelStats()}
+}
+
 // Slots is the number of slots streams hold now.
 func (e *Engine) Slots() int { return int(e.used.Load()) }
 
