@@ -466,7 +466,7 @@ func (s *scheduler) compact() error {
 			break
 		}
 		r := s.rows[t]
-		moves = append(moves, slotMove{from: t, to: f, positions: r.pos})
+		moves = append(moves, slotMove{From: t, To: f, Positions: r.pos})
 		s.rows[f], s.rows[t] = r, nil
 		r.slot = f
 	}
