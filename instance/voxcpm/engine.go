@@ -47,8 +47,6 @@ const (
 
 var stageNames = []string{"prefill", "step", "vae"}
 
-var errShutDown = errors.New("engine is shut down")
-
 // Engine serves one export on one device. Requests queue for the scheduler goroutine (loop),
 // which owns the runner's LM side: it prefills arrivals into free slots in groups, then steps
 // every running stream by one patch in one step run. One VAE decoder run per step then decodes
@@ -179,7 +177,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	defer e.watchCancel(r)()
 	select {
 	case <-e.done:
-		return errShutDown
+		return engine.ErrClosed
 	default:
 	}
 	e.queue.Push(r)
@@ -194,7 +192,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-e.done:
-			return errShutDown
+			return engine.ErrClosed
 		}
 	}
 }
@@ -236,7 +234,7 @@ func (e *Engine) loop() {
 		arrived, ok := e.queue.TryPopAll()
 		s.waiting = append(s.waiting, arrived...)
 		if !ok {
-			s.failAll(errShutDown)
+			s.failAll(engine.ErrClosed)
 			s.vae.close()
 			return
 		}
