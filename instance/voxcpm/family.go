@@ -9,6 +9,7 @@ import (
 
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/instance/manifest"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
@@ -32,7 +33,7 @@ const defaultSlots = 16
 func (Family) Claims(path string) bool {
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".yaml", ".yml":
-		return kindOf(path) == Kind
+		return manifest.Kind(path) == Kind
 	}
 	return false
 }
