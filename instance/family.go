@@ -6,24 +6,22 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
-// Runner synthesizes requests on a loaded model; each model family has its own.
+// Runner synthesizes requests on a loaded model; each model family has its own. A runner over
+// several GPUs is an engine.Replicas, which reports for them all.
 type Runner interface {
 	Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error
+	// Report is what the runner tells about its work (tts.Health's stages and cancels, the
+	// first-audio figures the instance logs); every runner gives one.
+	Report() Report
 	Close() error
 }
 
-// StageStatser is a Runner that counts its stages' batched runs (tts.Health.Stages).
-type StageStatser interface {
-	Stats() []tts.StageStats
-}
-
-// CancelStatser is a Runner that counts what cancelled requests cost it (tts.Health.Cancels).
-type CancelStatser interface {
-	CancelStats() tts.CancelStats
-}
+// Report is a runner's figures (engine.Report).
+type Report = engine.Report
 
 // Family is one kind of model voxmux serves. A new kind of model is a new package implementing
 // Family, handed to the service by main; nothing else changes.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
 )
@@ -27,17 +28,24 @@ type Service struct {
 	inflight atomic.Int64
 	env      func(string) string
 	stop     chan struct{}
+	// firstAudio keeps the runner's first-audio figures until logStats summarizes them.
+	firstAudio engine.FirstAudios
 }
 
-// firstAudioer is a Runner that reports where its requests' first audio spent its time: a
-// summary of the requests since the last call, or "" for none.
-type firstAudioer interface {
-	FirstAudioSummary() string
+// statsInterval is how often the engine's figures are logged while it is busy.
+const statsInterval = 10 * time.Second
+
+// report is the runner's report; its first-audio figures are kept for logStats, whichever call
+// (Health or logStats) took them from the runner.
+func (s *Service) report(r Runner) Report {
+	rep := r.Report()
+	s.firstAudio.Add(rep.FirstAudio...)
+	return rep
 }
 
 // logStats writes the engine's per-stage figures every interval while it is busy: where the
 // time goes (the profile behind the benchmark reports).
-func logStats(r StageStatser, interval time.Duration, stop <-chan struct{}) {
+func (s *Service) logStats(r Runner, interval time.Duration, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	last := map[string]tts.StageStats{}
@@ -48,7 +56,7 @@ func logStats(r StageStatser, interval time.Duration, stop <-chan struct{}) {
 		case <-t.C:
 		}
 		var attrs []any
-		for _, d := range r.Stats() {
+		for _, d := range s.report(r).Stages {
 			p := last[d.Stage]
 			last[d.Stage] = d
 			runs := d.Batches - p.Batches
@@ -65,10 +73,8 @@ func logStats(r StageStatser, interval time.Duration, stop <-chan struct{}) {
 			}
 			attrs = append(attrs, d.Stage, line)
 		}
-		if f, ok := r.(firstAudioer); ok {
-			if fa := f.FirstAudioSummary(); fa != "" {
-				attrs = append(attrs, "first_audio", fa)
-			}
+		if fa := engine.SummarizeFirstAudio(s.firstAudio.Take()); fa != "" {
+			attrs = append(attrs, "first_audio", fa)
 		}
 		if len(attrs) > 0 {
 			slog.Info("engine stats", attrs...)
@@ -98,9 +104,7 @@ func (s *Service) Load(_ context.Context, cfg tts.LoadConfig) (tts.Info, error) 
 		n = 16
 	}
 	s.e, s.slots, s.stop = r, make(chan struct{}, n), make(chan struct{})
-	if st, ok := r.(StageStatser); ok {
-		go logStats(st, 10*time.Second, s.stop)
-	}
+	go s.logStats(r, statsInterval, s.stop)
 	s.info = tts.Info{CUDAVisibleDevices: s.env("CUDA_VISIBLE_DEVICES"), GPUs: ort.CUDADevices()}
 	return s.info, nil
 }
@@ -160,17 +164,12 @@ func (s *Service) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Voi
 
 // Health reports whether a pipeline is loaded and how busy the instance is.
 func (s *Service) Health(context.Context) (tts.Health, error) {
-	if s.engine() == nil {
+	e := s.engine()
+	if e == nil {
 		return tts.Health{Ready: false, Message: "no pipeline loaded"}, nil
 	}
-	h := tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load())}
-	if st, ok := s.engine().(StageStatser); ok {
-		h.Stages = st.Stats()
-	}
-	if c, ok := s.engine().(CancelStatser); ok {
-		h.Cancels = c.CancelStats()
-	}
-	return h, nil
+	rep := s.report(e)
+	return tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load()), Stages: rep.Stages, Cancels: rep.Cancels}, nil
 }
 
 // Close stops the engine and frees the pipeline.

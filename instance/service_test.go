@@ -91,7 +91,8 @@ func (r blockRunner) Synthesize(ctx context.Context, _ tts.Request, _ func(tts.C
 	}
 	return nil
 }
-func (blockRunner) Close() error { return nil }
+func (blockRunner) Close() error            { return nil }
+func (blockRunner) Report() instance.Report { return instance.Report{} }
 
 // A request that finds every slot taken waits a moment for one: the router frees a cancelled
 // request's slot a moment before the cancel reaches the instance. A slot that does not come back

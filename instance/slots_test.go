@@ -23,7 +23,8 @@ func (g gateRunner) Synthesize(ctx context.Context, _ tts.Request, _ func(tts.Ch
 	}
 }
 
-func (gateRunner) Close() error { return nil }
+func (gateRunner) Close() error   { return nil }
+func (gateRunner) Report() Report { return Report{} }
 
 type gateFamily struct{ r gateRunner }
 

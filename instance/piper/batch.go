@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
+	"time"
 
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
@@ -59,6 +59,8 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 // piperJob is one sentence waiting for synthesis.
 type piperJob struct {
 	ctx    context.Context
+	req    *request  // its request, which the job holds until a worker lets go of it
+	queued time.Time // when it joined the queue
 	ids    []int64
 	sid    int64
 	scales [3]float32
@@ -79,15 +81,15 @@ type piperSession struct {
 	jobs    chan *piperJob
 	stop    chan struct{}
 	wg      sync.WaitGroup
-	runs    atomic.Int64 // graph runs so far
-	rows    atomic.Int64 // sentences in them
+	// r counts the runs and holds the jobs' requests.
+	r *PiperRunner
 }
 
-func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool) *piperSession {
+func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *PiperRunner) *piperSession {
 	if !lengths {
 		o.Batch = 1 // without row lengths a padded row's audio cannot be cut
 	}
-	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{})}
+	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{}), r: r}
 	for range o.Workers {
 		s.wg.Add(1)
 		go s.work()
@@ -95,12 +97,14 @@ func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperO
 	return s
 }
 
-// synthesize queues one sentence and waits for its audio (not yet peak-normalized).
-func (s *piperSession) synthesize(ctx context.Context, ids []int64, scales [3]float32, sid int64) ([]float32, error) {
-	j := &piperJob{ctx: ctx, ids: ids, sid: sid, scales: scales, done: make(chan piperResult, 1)}
+// synthesize queues one sentence of request q and waits for its audio (not yet peak-normalized).
+func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, scales [3]float32, sid int64) ([]float32, error) {
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, done: make(chan piperResult, 1)}
+	s.r.hold(q)
 	select {
 	case s.jobs <- j:
 	default:
+		s.r.release(q)
 		return nil, &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("voice %s: %d sentences are already waiting for synthesis (engine option piper_queue); retry later", s.file.Stem, s.opts.Queue)}
 	}
 	select {
@@ -162,12 +166,18 @@ func (s *piperSession) work() {
 	}
 }
 
+// answer hands j its result and lets go of its request.
+func (s *piperSession) answer(j *piperJob, r piperResult) {
+	j.done <- r
+	s.r.release(j.req)
+}
+
 // run synthesizes a batch and hands each job its audio; jobs whose request has gone are left out.
 func (s *piperSession) run(batch []*piperJob) {
 	live := batch[:0]
 	for _, j := range batch {
 		if err := j.ctx.Err(); err != nil {
-			j.done <- piperResult{err: err}
+			s.answer(j, piperResult{err: err})
 			continue
 		}
 		live = append(live, j)
@@ -177,18 +187,19 @@ func (s *piperSession) run(batch []*piperJob) {
 	}
 	rows := make([][]int64, len(live))
 	sids := make([]int64, len(live))
+	t0 := time.Now()
 	for i, j := range live {
 		rows[i], sids[i] = j.ids, j.sid
+		s.r.stats.Waited(stageGraph, t0, j.queued)
 	}
-	s.runs.Add(1)
-	s.rows.Add(int64(len(live)))
 	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, live[0].scales)
+	s.r.stats.Count(stageGraph, len(live), t0)
 	for i, j := range live {
 		if err != nil {
-			j.done <- piperResult{err: err}
+			s.answer(j, piperResult{err: err})
 			continue
 		}
-		j.done <- piperResult{pcm: pcm[i]}
+		s.answer(j, piperResult{pcm: pcm[i]})
 	}
 }
 
@@ -199,7 +210,7 @@ func (s *piperSession) close() error {
 	for {
 		select {
 		case j := <-s.jobs:
-			j.done <- piperResult{err: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance is shutting down"}}
+			s.answer(j, piperResult{err: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance is shutting down"}})
 		default:
 			return s.sess.Destroy()
 		}

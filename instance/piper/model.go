@@ -12,10 +12,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/voxmux/voxmux/instance/manifest"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
-
-	"github.com/goccy/go-yaml"
 )
 
 // Piper voices (docs/piper.md): a VITS graph `NAME.onnx` with its config `NAME.onnx.json`, as the
@@ -120,14 +119,7 @@ func isPiperPath(path string) bool {
 	if st, err := os.Stat(path); err == nil && st.IsDir() {
 		return true
 	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return false
-	}
-	var k struct {
-		Kind string `yaml:"kind"`
-	}
-	return yaml.Unmarshal(data, &k) == nil && k.Kind == "piper"
+	return manifest.Kind(path) == "piper"
 }
 
 // loadPiperModel reads the voices the path names and checks each against its graph. It loads no
@@ -212,13 +204,9 @@ func loadPiperModel(path string) (*piperModel, error) {
 }
 
 func loadPiperManifest(path string) (*PiperManifest, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("piper manifest: %w", err)
-	}
 	var man PiperManifest
-	if err := yaml.UnmarshalWithOptions(data, &man, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
-		return nil, fmt.Errorf("piper manifest %s: %s", path, yaml.FormatError(err, false, true))
+	if err := manifest.Read(path, "piper manifest", &man); err != nil {
+		return nil, err
 	}
 	switch {
 	case man.Kind != "piper":

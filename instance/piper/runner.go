@@ -13,6 +13,7 @@ import (
 
 	"github.com/voxmux/voxmux/tts"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/espeak"
 	"github.com/voxmux/voxmux/instance/ort"
 )
@@ -27,6 +28,10 @@ type PiperRunner struct {
 	ph    *espeak.Phonemizer
 	cache *sessionCache
 	opts  piperOptions
+	// stats count the graph runs of every voice file; cancels what cancelled requests cost
+	// (report.go).
+	stats   *engine.Counters
+	cancels engine.Cancels
 }
 
 // openPiper checks the voices, starts espeak-ng and prepares ONNX Runtime; sessions are loaded
@@ -60,7 +65,7 @@ func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
 	if err != nil {
 		return nil, tts.Description{}, err
 	}
-	r := &PiperRunner{m: m, rt: rt, ph: ph, opts: opts}
+	r := &PiperRunner{m: m, rt: rt, ph: ph, opts: opts, stats: engine.NewCounters(stageNames...)}
 	r.cache = newSessionCache(m.MaxLoaded, r.load)
 	return r, m.description(), nil
 }
@@ -82,7 +87,7 @@ func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
 			if err != nil {
 				return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 			}
-			return newPiperSession(s, f, r.opts, true), nil
+			return newPiperSession(s, f, r.opts, true, r), nil
 		}
 		slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 	}
@@ -90,12 +95,14 @@ func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
 	if err != nil {
 		return nil, fmt.Errorf("piper voice: %w", err)
 	}
-	return newPiperSession(s, f, r.opts, false), nil
+	return newPiperSession(s, f, r.opts, false, r), nil
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
 // the voice's length_scale.
-func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
+	q, end := r.begin(ctx)
+	defer func() { end(err) }()
 	v, ok := r.m.voice(req.Voice)
 	if !ok {
 		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("voice %q is not one of this model's voices", req.Voice)}
@@ -126,7 +133,7 @@ func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		pcm, err := sess.synthesize(ctx, s.IDs, scales, v.Speaker)
+		pcm, err := sess.synthesize(ctx, q, s.IDs, scales, v.Speaker)
 		if err != nil {
 			return err
 		}

@@ -20,10 +20,10 @@ type sharedDecoder struct {
 	s       *iobind.Session
 	elem    iobind.Elem
 	maxPos  int
-	kv      []*iobind.Tensor // key0, value0, key1, ...: [len(slots), H, maxPos, D]
-	slots   []*lmRow         // nil where free
-	ins     []string         // past tensor names, in kv order
-	outs    []string         // present tensor names, in kv order
+	c       *iobind.SlotCache // key0, value0, key1, ...: [len(slots), H, maxPos, D]
+	slots   []*lmRow          // one per slot of c, nil where free
+	ins     []string          // past tensor names, in kv order
+	outs    []string          // present tensor names, in kv order
 	logits  string
 	ids     string
 	seqlens string
@@ -96,6 +96,18 @@ func newSharedDecoder(m *Manifest, place iobind.Placement, graphRows int, prefil
 		d.elem = iobind.Float16
 	}
 	d.ins, d.outs = cacheNames(m)
+	// With CUDA graphs the cache is sized once for the largest graph's rows and never moves.
+	most := 0
+	if graphRows > 0 {
+		b := engine.Buckets(graphRows)
+		most = b[len(b)-1]
+	}
+	if d.c, err = iobind.NewSlotCache(s, iobind.SlotShape{Tensors: len(d.ins), Heads: m.LM.KVHeads, Positions: d.maxPos,
+		Dim: m.LM.HeadDim, Elem: d.elem}, most, graphRows > 0); err != nil {
+		d.close()
+		thread.Close()
+		return nil, fmt.Errorf("lm: %w", err)
+	}
 	if graphRows > 0 {
 		d.g = &lmGraphs{thread: thread}
 		if err := d.capture(engine.Buckets(graphRows), prefillGraphs); err != nil {
@@ -156,7 +168,7 @@ func (d *sharedDecoder) capture(buckets []int, prefills bool) error {
 		return err
 	}
 	for _, b := range buckets {
-		cache, err := d.views(0, b)
+		cache, err := d.c.Views(0, b)
 		if err != nil {
 			return err
 		}
@@ -239,7 +251,7 @@ func (d *sharedDecoder) newGraph(id, B, T, total int, cache []*iobind.Tensor) (*
 // scratch is a cache for B rows of T positions, for one prefill.
 func (d *sharedDecoder) scratch(B, T int) ([]*iobind.Tensor, error) {
 	shape := []int64{int64(B), int64(d.m.LM.KVHeads), int64(T), int64(d.m.LM.HeadDim)}
-	out := make([]*iobind.Tensor, len(d.kv))
+	out := make([]*iobind.Tensor, len(d.ins))
 	for i := range out {
 		t, err := d.s.AllocEmpty(shape, d.elem)
 		if err != nil {
@@ -333,8 +345,10 @@ func (d *sharedDecoder) close() {
 			gr.release()
 		}
 	}
-	release(d.kv)
-	d.kv, d.slots = nil, nil
+	if d.c != nil {
+		d.c.Release()
+	}
+	d.slots = nil
 	t := d.thread()
 	t.Do(func() error { d.s.Close(); return nil })
 	t.Close()
@@ -355,70 +369,24 @@ func (d *sharedDecoder) release() {
 		clear(d.slots)
 		return
 	}
-	release(d.kv)
-	d.kv, d.slots = nil, nil
+	d.c.Release()
+	d.slots = nil
 }
 
-// posBytes is the size of one position of one head; slotBytes of one sequence's slot.
-func (d *sharedDecoder) posBytes() int64 { return int64(d.m.LM.HeadDim * d.elem.Size()) }
-func (d *sharedDecoder) slotBytes() int64 {
-	return int64(d.m.LM.KVHeads) * int64(d.maxPos) * d.posBytes()
-}
-
-// grow makes room for n slots, doubling so that joins rarely reallocate.
+// grow makes room for n slots (the cache doubles, so that joins rarely reallocate; with CUDA
+// graphs it cannot grow).
 func (d *sharedDecoder) grow(n int) error {
-	if n <= len(d.slots) {
-		return nil
+	if err := d.c.Reserve(n); err != nil {
+		return fmt.Errorf("lm: %w", err)
 	}
-	if d.g != nil && len(d.kv) > 0 {
-		// The graphs hold the cache's address.
-		return fmt.Errorf("lm: %d sequences need more than the %d slots the CUDA graphs were made for", n, len(d.slots))
-	}
-	c := max(8, len(d.slots))
-	for c < n {
-		c *= 2
-	}
-	if d.g != nil {
-		c = n // exactly the largest graph's rows
-	}
-	H, D := int64(d.m.LM.KVHeads), int64(d.m.LM.HeadDim)
-	next := make([]*iobind.Tensor, len(d.ins))
-	for i := range next {
-		t, err := d.s.Alloc([]int64{int64(c), H, int64(d.maxPos), D}, d.elem)
-		next[i] = t
-		if err == nil && len(d.kv) > 0 {
-			err = iobind.Copy2D(t, 0, 0, d.kv[i], 0, 0, d.kv[i].Bytes(), 1)
-		}
-		if err != nil {
-			release(next)
-			return fmt.Errorf("lm cache for %d sequences: %w", c, err)
-		}
-	}
-	release(d.kv)
-	d.kv = next
-	d.slots = append(d.slots, make([]*lmRow, c-len(d.slots))...)
+	d.slots = append(d.slots, make([]*lmRow, d.c.Slots()-len(d.slots))...)
 	return nil
-}
-
-// views are the cache tensors over slots [from, from+n).
-func (d *sharedDecoder) views(from, n int) ([]*iobind.Tensor, error) {
-	shape := []int64{int64(n), int64(d.m.LM.KVHeads), int64(d.maxPos), int64(d.m.LM.HeadDim)}
-	vs := make([]*iobind.Tensor, len(d.kv))
-	for i, t := range d.kv {
-		v, err := d.s.View(t, int64(from)*d.slotBytes(), shape)
-		if err != nil {
-			release(vs)
-			return nil, err
-		}
-		vs[i] = v
-	}
-	return vs, nil
 }
 
 // run feeds B rows of T tokens to the slots [from, from+B); seqlens[b] is row b's length after
 // the run, minus one. It returns the logits.
 func (d *sharedDecoder) run(from, B, T int, ids []int64, seqlens []int32) ([]float32, error) {
-	cache, err := d.views(from, B)
+	cache, err := d.c.Views(from, B)
 	if err != nil {
 		return nil, err
 	}
@@ -568,11 +536,12 @@ func (d *sharedDecoder) join(prompts [][]int64) ([]*lmRow, [][]float32, error) {
 			return append([]float32(nil), logits[(b*T+n-1)*V:(b*T+n)*V]...), nil
 		}
 	}
-	pb := d.posBytes()
+	pb := d.c.PosBytes()
+	kv := d.c.Tensors()
 	copies := make([]iobind.Copy, len(scratch))
 	for i, t := range scratch {
 		// Bn·H rows of T positions each, into the slots' rows of maxPos positions.
-		copies[i] = iobind.Copy{Dst: d.kv[i], DstOff: int64(from) * d.slotBytes(), DstPitch: int64(d.maxPos) * pb,
+		copies[i] = iobind.Copy{Dst: kv[i], DstOff: int64(from) * d.c.SlotBytes(), DstPitch: int64(d.maxPos) * pb,
 			Src: t, SrcPitch: int64(T) * pb, Width: int64(T) * pb, Height: int64(Bn) * H}
 	}
 	if err := iobind.Copies(copies); err != nil {
@@ -670,10 +639,8 @@ func (d *sharedDecoder) compact() error {
 // compactAll moves every row above the number of rows down into free slots.
 func (d *sharedDecoder) compactAll() error {
 	live, top := d.used()
-	H := int64(d.m.LM.KVHeads)
-	pitch := int64(d.maxPos) * d.posBytes()
 	free := 0
-	var copies []iobind.Copy
+	var moves []iobind.SlotMove
 	for j := top - 1; j >= live; j-- {
 		r := d.slots[j]
 		if r == nil {
@@ -682,15 +649,12 @@ func (d *sharedDecoder) compactAll() error {
 		for d.slots[free] != nil {
 			free++
 		}
-		for _, t := range d.kv {
-			// The row's real positions, for every head.
-			copies = append(copies, iobind.Copy{Dst: t, DstOff: int64(free) * d.slotBytes(), DstPitch: pitch,
-				Src: t, SrcOff: int64(j) * d.slotBytes(), SrcPitch: pitch, Width: r.pos * d.posBytes(), Height: H})
-		}
+		// The row's real positions, for every head.
+		moves = append(moves, iobind.SlotMove{From: j, To: free, Positions: int(r.pos)})
 		d.slots[free], d.slots[j] = r, nil
 		r.slot = free
 	}
-	if err := iobind.Copies(copies); err != nil {
+	if err := d.c.Move(moves); err != nil {
 		return fmt.Errorf("lm: compact: %w", err)
 	}
 	return nil

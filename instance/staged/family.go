@@ -1,7 +1,6 @@
 package staged
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/voxmux/voxmux/instance"
@@ -15,8 +14,9 @@ type Family struct{}
 
 var (
 	_ instance.Family         = Family{}
+	_ instance.Runner         = (*Engine)(nil)
 	_ instance.VoiceExtractor = (*Engine)(nil)
-	_ instance.VoiceExtractor = (*replicas)(nil)
+	_ instance.VoiceExtractor = (*engine.Replicas[*Engine])(nil)
 )
 
 // Claims takes any path that is not another family's: the manifest's own checks then say what is
@@ -54,10 +54,7 @@ func (m *Manifest) description() tts.Description {
 // open places the pipeline on the visible GPUs: split puts the LM on device 0 and flow and
 // vocoder on device 1; replicated runs a whole pipeline (and engine) on every device.
 func open(m *Manifest, cfg tts.LoadConfig) (instance.Runner, error) {
-	devices := 1
-	if cfg.Provider == "cuda" {
-		devices = max(1, len(ort.CUDADevices())) // with none, device 0 fails with ONNX Runtime's own reason
-	}
+	devices := ort.Devices(cfg.Provider)
 	if cfg.Placement == "split" {
 		if devices < 2 {
 			return nil, fmt.Errorf("placement split needs 2 visible GPUs, this instance sees %d", devices)
@@ -68,59 +65,11 @@ func open(m *Manifest, cfg tts.LoadConfig) (instance.Runner, error) {
 		}
 		return NewEngine(p), nil
 	}
-	var engines []*Engine
-	for d := 0; d < devices; d++ {
+	return engine.OpenReplicas(devices, func(d int) (*Engine, error) {
 		p, err := loadPipeline(m, cfg, d, d)
 		if err != nil {
-			for _, e := range engines {
-				e.Close()
-			}
-			return nil, fmt.Errorf("device %d: %w", d, err)
+			return nil, err
 		}
-		engines = append(engines, NewEngine(p))
-	}
-	if len(engines) == 1 {
-		return engines[0], nil
-	}
-	return newReplicas(engines), nil
-}
-
-// synthesizer is what replicas spread requests over: an Engine, or a fake in tests.
-type synthesizer interface {
-	Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error
-	Stats() []tts.StageStats
-	FirstAudio() []FirstAudio
-	Close() error
-}
-
-// replicas spreads requests over one engine per GPU, to the least loaded.
-type replicas struct {
-	*engine.Replicas[synthesizer]
-}
-
-func newReplicas[S synthesizer](engines []S) *replicas {
-	all := make([]synthesizer, len(engines))
-	for i, e := range engines {
-		all[i] = e
-	}
-	return &replicas{engine.NewReplicas(all)}
-}
-
-// FirstAudio gathers every engine's first-audio figures since the last call.
-func (r *replicas) FirstAudio() []FirstAudio {
-	var out []FirstAudio
-	for _, e := range r.Engines {
-		out = append(out, e.FirstAudio()...)
-	}
-	return out
-}
-
-// ExtractVoice makes a voice with the first engine's pipeline, the one that holds the voice
-// encoder (loadPipeline).
-func (r *replicas) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
-	x, ok := r.Engines[0].(instance.VoiceExtractor)
-	if !ok {
-		return tts.VoicePrompt{}, tts.Invalid("this model does not make voices from reference audio")
-	}
-	return x.ExtractVoice(ctx, clip)
+		return NewEngine(p), nil
+	})
 }

@@ -1,59 +1,50 @@
 package staged
 
 import (
-	"context"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance"
+	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/instance/engine/enginetest"
 	"github.com/voxmux/voxmux/tts"
 )
 
-// fakeEngine stands for one GPU's engine behind replicas.
-type fakeEngine struct {
-	stats []tts.StageStats
-	first []FirstAudio
-}
-
-func (f *fakeEngine) Synthesize(context.Context, tts.Request, func(tts.Chunk) error) error {
-	return nil
-}
-func (f *fakeEngine) Stats() []tts.StageStats { return f.stats }
-func (f *fakeEngine) FirstAudio() []FirstAudio {
-	out := f.first
-	f.first = nil
-	return out
-}
-func (f *fakeEngine) Close() error { return nil }
-
-// One engine per GPU: the runner's figures are the sum of its engines', the time items waited
-// and their first audio included, so a replicated group's metrics read like a single engine's.
-func TestReplicasStats(t *testing.T) {
-	a := &fakeEngine{
-		stats: []tts.StageStats{{Stage: "lm_prefill", Batches: 2, Items: 3, Busy: time.Second, Wait: 2 * time.Second}, {Stage: "flow", Batches: 1, Items: 4, Busy: 3 * time.Second, Wait: time.Second}},
-		first: []FirstAudio{{Prefill: time.Millisecond}},
-	}
-	b := &fakeEngine{
-		stats: []tts.StageStats{{Stage: "lm_prefill", Batches: 1, Items: 1, Busy: time.Second, Wait: 5 * time.Second}, {Stage: "flow", Batches: 3, Items: 6, Busy: time.Second, Wait: 4 * time.Second}},
-		first: []FirstAudio{{Flow: time.Millisecond}, {Vocoder: time.Millisecond}},
-	}
-	r := newReplicas([]*fakeEngine{a, b})
-	want := []tts.StageStats{{Stage: "lm_prefill", Batches: 3, Items: 4, Busy: 2 * time.Second, Wait: 7 * time.Second}, {Stage: "flow", Batches: 4, Items: 10, Busy: 4 * time.Second, Wait: 5 * time.Second}}
-	got := r.Stats()
-	if len(got) != len(want) {
-		t.Fatalf("stats %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("stage %d: %+v, want %+v", i, got[i], want[i])
+// The runner counts cancelled requests and its stages' runs, as the family opens it (one engine)
+// and as replicas over two engines (a group on two GPUs), which report as one.
+func TestRunnerReports(t *testing.T) {
+	req := tts.Request{Text: strings.Repeat("Streams are batched together at every stage. ", 3), Seed: 1}
+	cfg := tts.LoadConfig{Manifest: "../../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)}
+	t.Run("one", func(t *testing.T) {
+		r, _, err := Family{}.Open(cfg)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if fa := r.FirstAudio(); len(fa) != 3 {
-		t.Errorf("first audio of %d requests, want 3 (both engines')", len(fa))
-	}
-	if fa := r.FirstAudio(); len(fa) != 0 {
-		t.Errorf("first audio read twice: %d", len(fa))
-	}
-	if r.FirstAudioSummary() != "" {
-		t.Error("a summary with no requests")
+		defer r.Close()
+		enginetest.CheckCancelReport(t, r, req, 2)
+	})
+	t.Run("replicas", func(t *testing.T) {
+		r, err := engine.OpenReplicas(2, func(int) (*Engine, error) { return NewEngine(tinyPipeline(t)), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if _, ok := r.(*engine.Replicas[*Engine]); !ok {
+			t.Fatalf("two devices opened %T, want replicas", r)
+		}
+		var _ instance.Runner = r
+		enginetest.CheckCancelReport(t, r, req, 2)
+	})
+}
+
+// A report's first audio names its parts in the order a request goes through them.
+func TestReportFirstAudio(t *testing.T) {
+	f := FirstAudio{Prefill: 1, Decode: 2, Flow: 3, Vocoder: 4}.parts()
+	want := []string{"prefill", "decode", "flow", "vocoder"}
+	for i, p := range f {
+		if p.Name != want[i] || p.Took != time.Duration(i+1) {
+			t.Errorf("part %d: %+v, want %s of %d", i, p, want[i], i+1)
+		}
 	}
 }

@@ -1,42 +1,71 @@
 package staged
 
 import (
-	"fmt"
-	"slices"
 	"time"
+
+	"github.com/voxmux/voxmux/instance/engine"
 )
+
+// Report is the engine's stage counts and cancels, and the first audio of its requests since the
+// last report (or FirstAudio call).
+func (e *Engine) Report() engine.Report {
+	fa := e.FirstAudio()
+	out := make([]engine.FirstAudio, len(fa))
+	for i, f := range fa {
+		out[i] = f.parts()
+	}
+	return engine.Report{Stages: e.Stats(), Cancels: e.CancelStats(), FirstAudio: out}
+}
+
+// parts names f's parts for the instance's log (engine.SummarizeFirstAudio).
+func (f FirstAudio) parts() engine.FirstAudio {
+	return engine.FirstAudio{{Name: "prefill", Took: f.Prefill}, {Name: "decode", Took: f.Decode},
+		{Name: "flow", Took: f.Flow}, {Name: "vocoder", Took: f.Vocoder}}
+}
 
 // firstAudioSummary gives the median and 95th percentile of each part of the time to first audio
 // and of their sum, in ms.
 func firstAudioSummary(fa []FirstAudio) string {
-	if len(fa) == 0 {
-		return ""
+	parts := make([]engine.FirstAudio, len(fa))
+	for i, f := range fa {
+		parts[i] = f.parts()
 	}
-	parts := []struct {
-		name string
-		of   func(FirstAudio) time.Duration
-	}{
-		{"total", func(f FirstAudio) time.Duration { return f.Prefill + f.Decode + f.Flow + f.Vocoder }},
-		{"prefill", func(f FirstAudio) time.Duration { return f.Prefill }},
-		{"decode", func(f FirstAudio) time.Duration { return f.Decode }},
-		{"flow", func(f FirstAudio) time.Duration { return f.Flow }},
-		{"vocoder", func(f FirstAudio) time.Duration { return f.Vocoder }},
-	}
-	out := fmt.Sprintf("n=%d p50/p95_ms", len(fa))
-	ds := make([]time.Duration, len(fa))
-	for _, p := range parts {
-		for i, f := range fa {
-			ds[i] = p.of(f)
-		}
-		slices.Sort(ds)
-		q := func(x float64) float64 { return float64(ds[int(x*float64(len(ds)-1)+0.5)].Microseconds()) / 1000 }
-		out += fmt.Sprintf(" %s=%.0f/%.0f", p.name, q(0.5), q(0.95))
-	}
+	return engine.SummarizeFirstAudio(parts)
+}
+
+// The marks on a request's way to its first audio.
+const (
+	markArrived = iota // handed to the LM loop
+	markPrefill        // prompt prefilled
+	markQueued         // first chunk of speech tokens handed to the flow
+	markMel            // first chunk's mel handed to the vocoder
+	numMarks
+)
+
+// FirstAudio is where one request's first audio spent its time: waiting for the LM loop and
+// prefilling its prompt, decoding the first chunk's speech tokens, waiting for and running the
+// flow, waiting for and running the vocoder.
+type FirstAudio struct {
+	Prefill, Decode, Flow, Vocoder time.Duration
+}
+
+// FirstAudio returns what requests' first audio spent its time on since the last call.
+func (e *Engine) FirstAudio() []FirstAudio {
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	out := e.firstAudio
+	e.firstAudio = nil
 	return out
 }
 
-// FirstAudioSummary summarizes the requests' first audio since the last call (instance logs it).
-func (e *Engine) FirstAudioSummary() string { return firstAudioSummary(e.FirstAudio()) }
-
-// FirstAudioSummary summarizes every engine's requests' first audio since the last call.
-func (r *replicas) FirstAudioSummary() string { return firstAudioSummary(r.FirstAudio()) }
+// firstAudioOut records s's first audio, which leaves now.
+func (e *Engine) firstAudioOut(s *stream) {
+	m := s.marks
+	f := FirstAudio{Prefill: m[markPrefill].Sub(m[markArrived]), Decode: m[markQueued].Sub(m[markPrefill]),
+		Flow: m[markMel].Sub(m[markQueued]), Vocoder: time.Since(m[markMel])}
+	e.firstMu.Lock()
+	defer e.firstMu.Unlock()
+	if len(e.firstAudio) < firstAudioKept {
+		e.firstAudio = append(e.firstAudio, f)
+	}
+}

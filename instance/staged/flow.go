@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	onnxrt "github.com/yalue/onnxruntime_go"
 )
@@ -118,7 +119,7 @@ func (s *flowEstimator) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, 
 	for !b.done() {
 		select {
 		case <-stop:
-			return nil, errors.New("engine is shut down")
+			return nil, engine.ErrClosed
 		default:
 		}
 		if err := b.advance(); err != nil {

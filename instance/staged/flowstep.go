@@ -1,7 +1,6 @@
 package staged
 
 import (
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -356,7 +355,7 @@ func (s *flowSteps) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, er
 	for step := range s.m.Flow.Steps {
 		select {
 		case <-stop:
-			return nil, errors.New("engine is shut down")
+			return nil, engine.ErrClosed
 		default:
 		}
 		// The host path's times exactly (flowBatch.advance).

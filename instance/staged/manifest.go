@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/goccy/go-yaml"
+	"github.com/voxmux/voxmux/instance/manifest"
 
 	"github.com/voxmux/voxmux/instance/text"
 )
@@ -176,13 +176,9 @@ type StreamingSpec struct {
 
 // LoadManifest reads and checks a manifest; every error names the file.
 func LoadManifest(path string) (*Manifest, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("pipeline manifest: %w", err)
-	}
 	var m Manifest
-	if err := yaml.UnmarshalWithOptions(data, &m, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
-		return nil, fmt.Errorf("pipeline manifest %s: %s", path, yaml.FormatError(err, false, true))
+	if err := manifest.Read(path, "pipeline manifest", &m); err != nil {
+		return nil, err
 	}
 	m.File = path
 	m.Dir = filepath.Dir(path)

@@ -47,8 +47,6 @@ const (
 
 var stageNames = []string{"prefill", "step", "vae"}
 
-var errShutDown = errors.New("engine is shut down")
-
 // Engine serves one export on one device. Requests queue for the scheduler goroutine (loop),
 // which owns the runner's LM side: it prefills arrivals into free slots in groups, then steps
 // every running stream by one patch in one step run. One VAE decoder run per step then decodes
@@ -93,6 +91,11 @@ func startEngine(m *Manifest, tok tokenizer, run runner, slots int, overlap bool
 
 // Stats counts each stage's runs and the streams they carried.
 func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
+
+// Report is the engine's stage counts and cancels; it does not time its requests' first audio.
+func (e *Engine) Report() engine.Report {
+	return engine.Report{Stages: e.Stats(), Cancels: e.CancelStats()}
+}
 
 // Slots is the number of slots streams hold now.
 func (e *Engine) Slots() int { return int(e.used.Load()) }
@@ -174,7 +177,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	defer e.watchCancel(r)()
 	select {
 	case <-e.done:
-		return errShutDown
+		return engine.ErrClosed
 	default:
 	}
 	e.queue.Push(r)
@@ -189,7 +192,7 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-e.done:
-			return errShutDown
+			return engine.ErrClosed
 		}
 	}
 }
@@ -231,7 +234,7 @@ func (e *Engine) loop() {
 		arrived, ok := e.queue.TryPopAll()
 		s.waiting = append(s.waiting, arrived...)
 		if !ok {
-			s.failAll(errShutDown)
+			s.failAll(engine.ErrClosed)
 			s.vae.close()
 			return
 		}
@@ -461,7 +464,7 @@ func (s *scheduler) compact() error {
 			break
 		}
 		r := s.rows[t]
-		moves = append(moves, slotMove{from: t, to: f, positions: r.pos})
+		moves = append(moves, slotMove{From: t, To: f, Positions: r.pos})
 		s.rows[f], s.rows[t] = r, nil
 		r.slot = f
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -497,7 +498,7 @@ func TestEngineClose(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-done; !errors.Is(err, errShutDown) {
+	if err := <-done; !errors.Is(err, engine.ErrClosed) {
 		t.Fatalf("request under way at Close: %v", err)
 	}
 	if !f.closed {

@@ -195,11 +195,11 @@ func (f *fakeRunner) decode(n int, patches []float32) ([]float32, error) {
 
 func (f *fakeRunner) move(moves []slotMove) error {
 	for _, mv := range moves {
-		f.log("move %d %d", mv.from, mv.to)
-		copy(f.kv[mv.to][:mv.positions], f.kv[mv.from][:mv.positions])
+		f.log("move %d %d", mv.From, mv.To)
+		copy(f.kv[mv.To][:mv.Positions], f.kv[mv.From][:mv.Positions])
 		// What a real slot holds past a stream's length is stale: make it so.
-		for j := mv.positions; j < len(f.kv[mv.to]); j++ {
-			f.kv[mv.to][j] = float32(math.NaN())
+		for j := mv.Positions; j < len(f.kv[mv.To]); j++ {
+			f.kv[mv.To][j] = float32(math.NaN())
 		}
 	}
 	return nil
@@ -207,8 +207,8 @@ func (f *fakeRunner) move(moves []slotMove) error {
 
 func (f *fakeRunner) moveStates(moves []slotMove) error {
 	for _, mv := range moves {
-		f.log("move states %d %d", mv.from, mv.to)
-		copy(f.state[mv.to], f.state[mv.from])
+		f.log("move states %d %d", mv.From, mv.To)
+		copy(f.state[mv.To], f.state[mv.From])
 	}
 	return nil
 }

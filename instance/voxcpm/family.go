@@ -2,7 +2,6 @@ package voxcpm
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/engine"
+	"github.com/voxmux/voxmux/instance/manifest"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
@@ -21,13 +21,8 @@ type Family struct{}
 var (
 	_ instance.Family         = Family{}
 	_ instance.Runner         = (*Engine)(nil)
-	_ instance.StageStatser   = (*Engine)(nil)
-	_ instance.CancelStatser  = (*Engine)(nil)
 	_ instance.VoiceExtractor = (*Engine)(nil)
-	_ instance.Runner         = (*replicas)(nil)
-	_ instance.StageStatser   = (*replicas)(nil)
-	_ instance.CancelStatser  = (*replicas)(nil)
-	_ instance.VoiceExtractor = (*replicas)(nil)
+	_ instance.VoiceExtractor = (*engine.Replicas[*Engine])(nil)
 )
 
 // defaultSlots is the streams an engine takes at once when the group sets no max_inflight (the
@@ -38,7 +33,7 @@ const defaultSlots = 16
 func (Family) Claims(path string) bool {
 	switch strings.ToLower(filepath.Ext(path)) {
 	case ".yaml", ".yml":
-		return kindOf(path) == Kind
+		return manifest.Kind(path) == Kind
 	}
 	return false
 }
@@ -74,25 +69,13 @@ func (Family) Open(cfg tts.LoadConfig) (instance.Runner, tts.Description, error)
 	if err != nil {
 		return nil, tts.Description{}, fmt.Errorf("voxcpm %s: %w", cfg.Manifest, err)
 	}
-	devices := 1
-	if cfg.Provider == "cuda" {
-		devices = max(1, len(ort.CUDADevices())) // with none, device 0 fails with ONNX Runtime's own reason
+	r, err := engine.OpenReplicas(ort.Devices(cfg.Provider), func(d int) (*Engine, error) {
+		return openEngine(m, tok, cfg, o, d)
+	})
+	if err != nil {
+		return nil, tts.Description{}, fmt.Errorf("voxcpm %s: %w", cfg.Manifest, err)
 	}
-	var engines []*Engine
-	for d := range devices {
-		e, err := openEngine(m, tok, cfg, o, d)
-		if err != nil {
-			for _, e := range engines {
-				e.Close()
-			}
-			return nil, tts.Description{}, fmt.Errorf("voxcpm %s: device %d: %w", cfg.Manifest, d, err)
-		}
-		engines = append(engines, e)
-	}
-	if len(engines) == 1 {
-		return engines[0], m.description(), nil
-	}
-	return &replicas{engine.NewReplicas(engines)}, m.description(), nil
+	return r, m.description(), nil
 }
 
 // openEngine loads the graphs on device d and starts an engine over them; the engine on device 0
@@ -123,25 +106,4 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, o Options, d int
 	e := newEngine(m, tok, g, slots)
 	e.enc, e.closeRest = enc, rt.Close
 	return e, nil
-}
-
-// replicas spreads requests over one engine per GPU, to the least loaded.
-type replicas struct {
-	*engine.Replicas[*Engine]
-}
-
-func (r *replicas) CancelStats() tts.CancelStats {
-	var out tts.CancelStats
-	for _, e := range r.Engines {
-		c := e.CancelStats()
-		out.Count += c.Count
-		out.Freeing += c.Freeing
-		out.MaxFreeing = max(out.MaxFreeing, c.MaxFreeing)
-	}
-	return out
-}
-
-// ExtractVoice runs on the first engine, the one with the voice encoder.
-func (r *replicas) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
-	return r.Engines[0].ExtractVoice(ctx, clip)
 }

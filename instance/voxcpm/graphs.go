@@ -69,7 +69,7 @@ type stepOut struct {
 type graphs struct {
 	m               *Manifest
 	prefillS, stepS *iobind.Session
-	c               *caches
+	c               *iobind.SlotCache
 	v               *vaeGraphs
 	past, present   []string
 	// sg is set when steps run in fixed shapes (lm_cuda_graph); nil: each step its own shape.
@@ -149,7 +149,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *g
 // token far more. No stream is in the caches yet.
 func (g *graphs) checkPrefill() error {
 	m := g.m
-	if err := g.c.reserve(1); err != nil {
+	if err := g.c.Reserve(1); err != nil {
 		return fmt.Errorf("prefill check: %w", err)
 	}
 	p := []*prompt{{ids: []int64{*m.Tokenizer.AudioStart}}}
@@ -194,7 +194,7 @@ const warmPrefillPositions = 256
 func (g *graphs) warmPrefill(slots int) error {
 	most := prefillRows(min(prefillGroup, slots))
 	for B := 1; B <= most; B *= 2 {
-		if err := g.c.reserve(B); err != nil {
+		if err := g.c.Reserve(B); err != nil {
 			return fmt.Errorf("prefill warm-up: %w", err)
 		}
 		for T := prefillStep; T <= min(warmPrefillPositions, g.m.LM.MaxPositions); T += prefillStep {
@@ -207,9 +207,9 @@ func (g *graphs) warmPrefill(slots int) error {
 	return nil
 }
 
-func (g *graphs) reserve(n int) error { return g.c.reserve(n) }
+func (g *graphs) reserve(n int) error { return g.c.Reserve(n) }
 
-func (g *graphs) move(moves []slotMove) error { return g.c.move(moves) }
+func (g *graphs) move(moves []slotMove) error { return g.c.Move(moves) }
 
 func (g *graphs) moveStates(moves []slotMove) error { return g.v.move(moves) }
 
@@ -256,7 +256,7 @@ func (g *graphs) prefill(from int, ps []*prompt, rows int) ([]prefilled, error) 
 		return nil, fmt.Errorf("prefill: %d prompts of up to %d positions in %d rows (lm.max_positions %d)", len(ps), n, rows, m.LM.MaxPositions)
 	}
 	T := m.prefillLength(n)
-	if err := g.c.reserve(from + rows); err != nil {
+	if err := g.c.Reserve(from + rows); err != nil {
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
 	ids, textMask, feat, featMask, seqlens := m.prefillBatch(ps, rows, T)
@@ -279,7 +279,7 @@ func (g *graphs) prefill(from int, ps []*prompt, rows int) ([]prefilled, error) 
 // refuses a batch of several tokens per row otherwise).
 func (g *graphs) runPrefill(from, B, T int, ids []int64, textMask, feat, featMask []float32, seqlens []int32) (mu, stop []float32, err error) {
 	m := g.m
-	cache, err := g.c.views(from, B)
+	cache, err := g.c.Views(from, B)
 	if err != nil {
 		return nil, nil, fmt.Errorf("prefill: %w", err)
 	}
@@ -339,7 +339,7 @@ func (g *graphs) step(in *stepIn) (*stepOut, error) {
 	if int(total) > m.LM.MaxPositions {
 		return nil, fmt.Errorf("step: a stream needs %d positions, over lm.max_positions (%d)", total, m.LM.MaxPositions)
 	}
-	cache, err := g.c.views(0, n)
+	cache, err := g.c.Views(0, n)
 	if err != nil {
 		return nil, fmt.Errorf("step: %w", err)
 	}
@@ -379,7 +379,7 @@ func (g *graphs) step(in *stepIn) (*stepOut, error) {
 func (g *graphs) close() error {
 	g.sg.close()
 	if g.c != nil {
-		g.c.release()
+		g.c.Release()
 	}
 	g.v.close()
 	if g.prefillS != nil {

@@ -1,13 +1,12 @@
 package voxcpm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
-	"github.com/goccy/go-yaml"
+	"github.com/voxmux/voxmux/instance/manifest"
 )
 
 // Kind is the manifest kind this family serves.
@@ -90,31 +89,12 @@ type VAESpec struct {
 	ContextPatches int `yaml:"context_patches"`
 }
 
-// kindOf reads only a YAML file's top-level kind, for Claims.
-func kindOf(path string) string {
-	data, err := os.ReadFile(path)
-	if err != nil || bytes.IndexByte(data, 0) >= 0 {
-		return ""
-	}
-	var k struct {
-		Kind string `yaml:"kind"`
-	}
-	if yaml.Unmarshal(data, &k) != nil {
-		return ""
-	}
-	return k.Kind
-}
-
 // LoadManifest reads and checks a manifest, its voices and its graphs' inputs and outputs
 // (read from the files, no graph loaded); every error names the file.
 func LoadManifest(path string) (*Manifest, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("voxcpm manifest: %w", err)
-	}
 	var m Manifest
-	if err := yaml.UnmarshalWithOptions(data, &m, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
-		return nil, fmt.Errorf("voxcpm manifest %s: %s", path, yaml.FormatError(err, false, true))
+	if err := manifest.Read(path, "voxcpm manifest", &m); err != nil {
+		return nil, err
 	}
 	m.File, m.Dir = path, filepath.Dir(path)
 	for _, step := range []func() error{m.validate, m.checkGraphs, m.loadVoices} {

@@ -114,7 +114,7 @@ func (g *graphs) newStepBucket(id, B int) (_ *stepBucket, err error) {
 	if b.total, err = iobind.Host([]int64{}, []int32{int32(m.LM.MaxPositions)}); err != nil {
 		return nil, err
 	}
-	if b.cache, err = g.c.views(0, B); err != nil {
+	if b.cache, err = g.c.Views(0, B); err != nil {
 		return nil, err
 	}
 	in := map[string]*iobind.Tensor{"mu": b.mu, "cond": b.cond, "noise": b.noise, "cfg_value": b.cfg,

@@ -45,7 +45,12 @@ func tinyEngine(t *testing.T, slots int) *Engine {
 // tinyEngineWith is tinyEngine with engine options.
 func tinyEngineWith(t *testing.T, slots int, opts Options) *Engine {
 	t.Helper()
-	path := tinyPath()
+	return tinyEngineAt(t, tinyPath(), slots, opts)
+}
+
+// tinyEngineAt is tinyEngineWith for the manifest at path.
+func tinyEngineAt(t *testing.T, path string, slots int, opts Options) *Engine {
+	t.Helper()
 	if _, err := os.Stat(path); err != nil {
 		if os.Getenv("VOXMUX_REQUIRE_TINY_VOXCPM") == "1" {
 			t.Fatalf("the tiny VoxCPM export is required (make tiny-voxcpm): %v", err)

@@ -332,8 +332,8 @@ func (v *vaeGraphs) move(moves []slotMove) error {
 	st := v.states[v.cur]
 	copies := make([]iobind.Copy, 0, len(moves))
 	for _, mv := range moves {
-		copies = append(copies, iobind.Copy{Dst: st, DstOff: int64(mv.to) * v.stateBytes(),
-			Src: st, SrcOff: int64(mv.from) * v.stateBytes(), Width: v.stateBytes(), Height: 1})
+		copies = append(copies, iobind.Copy{Dst: st, DstOff: int64(mv.To) * v.stateBytes(),
+			Src: st, SrcOff: int64(mv.From) * v.stateBytes(), Width: v.stateBytes(), Height: 1})
 	}
 	if err := iobind.Copies(copies); err != nil {
 		return fmt.Errorf("vae_decoder: move states: %w", err)

@@ -129,8 +129,8 @@ func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 		{n: 3, prime: []int{1, 2}},
 		{n: 3},
 		{n: 5, prime: []int{3, 4}},
-		{n: 4, moves: []slotMove{{from: 4, to: 1}}},
-		{n: 2, moves: []slotMove{{from: 3, to: 0}}},
+		{n: 4, moves: []slotMove{{From: 4, To: 1}}},
+		{n: 2, moves: []slotMove{{From: 3, To: 0}}},
 		{n: 6, prime: []int{2, 3, 4, 5}},
 		{n: 1},
 	}
