@@ -47,8 +47,8 @@ type VoicePrompt struct {
 // Family is the Description.Kind of the family whose model made p, told by the fields it fills:
 // speech tokens (with mel and embedding) are the staged family's, latents the voxcpm family's. ""
 // when it fills neither or both, which no family makes. A prompt does not carry its family across
-// the process boundary, so an instance tells it this way; the voice library records the family
-// with each voice and falls back on this for voices stored without it.
+// the process boundary, so an instance tells it this way, as the voice library does for each of
+// its voices.
 func (p *VoicePrompt) Family() string {
 	return PromptFamily(len(p.SpeechTokens) > 0, len(p.Latents) > 0)
 }
