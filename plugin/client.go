@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -97,7 +98,13 @@ func fromStatus(err error) error {
 	}
 	switch st.Code() {
 	case codes.InvalidArgument:
-		return &tts.Error{Kind: tts.ErrInvalid, Msg: st.Message()}
+		e := &tts.Error{Kind: tts.ErrInvalid, Msg: st.Message()}
+		for _, d := range st.Details() {
+			if br, ok := d.(*errdetails.BadRequest); ok && len(br.GetFieldViolations()) > 0 {
+				e.Param = br.GetFieldViolations()[0].GetField()
+			}
+		}
+		return e
 	case codes.ResourceExhausted:
 		return &tts.Error{Kind: tts.ErrBusy, Msg: st.Message()}
 	case codes.Canceled:

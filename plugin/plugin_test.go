@@ -338,6 +338,22 @@ func TestErrorKindsCrossTheWire(t *testing.T) {
 		}
 	}
 
+	// The field an invalid request is about (tts.Error.Param) crosses too, wrapped or not.
+	for _, wrapped := range []bool{false, true} {
+		serverErr := error(tts.InvalidVoice(`voice "carol" is not a voice of model "m"; its voices: alice`))
+		if wrapped {
+			serverErr = fmt.Errorf("engine: %w", serverErr)
+		}
+		inst := connect(t, &tts.MockInstance{
+			SynthesizeF: func(context.Context, tts.Request, func(tts.Chunk) error) error { return serverErr },
+		})
+		err := inst.Synthesize(testContext(t), tts.Request{Text: "x"}, func(tts.Chunk) error { return nil })
+		var ie *tts.Error
+		if !errors.As(err, &ie) || ie.Kind != tts.ErrInvalid || ie.Param != "voice" || !strings.Contains(ie.Msg, `"carol"`) {
+			t.Errorf("wrapped=%v: %#v, want an invalid request about voice", wrapped, err)
+		}
+	}
+
 	t.Run("plain error is internal", func(t *testing.T) {
 		inst := connect(t, &tts.MockInstance{
 			SynthesizeF: func(context.Context, tts.Request, func(tts.Chunk) error) error {

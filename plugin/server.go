@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -91,7 +92,15 @@ func toStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:
-		return status.Error(codes.InvalidArgument, err.Error())
+		st := status.New(codes.InvalidArgument, err.Error())
+		if ie.Param != "" {
+			// The field the error is about travels as gRPC's standard BadRequest detail.
+			br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: ie.Param, Description: ie.Msg}}}
+			if d, derr := st.WithDetails(br); derr == nil {
+				st = d
+			}
+		}
+		return st.Err()
 	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.As(err, &ie) && ie.Kind == tts.ErrNotReady:

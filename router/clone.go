@@ -132,23 +132,37 @@ func extractError(err error, param string) *apiError {
 	return e
 }
 
-// pickVoice resolves a request's "voice": a voice of the model (or an OpenAI name, which maps to
-// its first), or a library voice, which comes with its prompt.
-func (s *Server) pickVoice(raw json.RawMessage) (string, *tts.VoicePrompt, *apiError) {
+// resolveVoice resolves a request's "voice" (tts.Request.Voice's rule, applied where clients'
+// names are known): empty is the model's first voice; a voice of the model, matched but for case;
+// an OpenAI name, which maps to the first; or a library voice the model can speak in, which comes
+// with its prompt. Anything else is a 400 naming "voice" that lists the voices the model can use,
+// library voices included.
+func (s *Server) resolveVoice(raw json.RawMessage) (string, *tts.VoicePrompt, *apiError) {
 	m := s.o.Pool.Model()
-	voice, aerr := pickVoice(raw, m.Voices)
-	if aerr == nil || s.o.Voices == nil {
-		return voice, nil, aerr
+	name, aerr := voiceName(raw)
+	if aerr != nil {
+		return "", nil, aerr
 	}
-	name := voiceID(raw)
-	if _, err := s.o.Voices.Get(name); err != nil {
+	if v, ok := builtinVoice(name, m.Voices); ok {
+		return v, nil, nil
+	}
+	if s.o.Voices == nil {
+		return "", nil, s.unknownVoice(name)
+	}
+	meta, err := s.o.Voices.Get(name)
+	if err != nil {
 		if !errors.Is(err, voicelib.ErrNotFound) {
 			s.o.Logger.Error("voice library", "voice", name, "error", err)
 		}
-		return "", nil, aerr
+		return "", nil, s.unknownVoice(name)
 	}
-	if !m.Cloning {
+	switch {
+	case !m.Cloning:
 		return "", nil, invalid("voice", fmt.Sprintf("voice %q is a cloned voice, and model %q cannot speak in cloned voices", name, m.Name))
+	case !speaksIn(m, meta):
+		d := tts.Description{Kind: m.Family, Name: m.Name}
+		e := d.ForeignVoice(fmt.Sprintf("voice %q", name), meta.Family, "")
+		return "", nil, invalid("voice", e.Msg)
 	}
 	p, err := s.o.Voices.Prompt(name)
 	if err != nil {
@@ -158,17 +172,58 @@ func (s *Server) pickVoice(raw json.RawMessage) (string, *tts.VoicePrompt, *apiE
 	return name, p, nil
 }
 
-// voiceID is the name in a "voice" field: a string or {"id": ...}; "" when it has none.
-func voiceID(raw json.RawMessage) string {
+// speaksIn tells whether model m can speak in library voice v: it clones, and v was made by its
+// family (either unknown refuses none).
+func speaksIn(m Model, v voicelib.Meta) bool {
+	return m.Cloning && (m.Family == "" || v.Family == "" || v.Family == m.Family)
+}
+
+// maxListedLibraryVoices bounds the library voices an unknown voice's error lists.
+const maxListedLibraryVoices = 20
+
+// unknownVoice is the 400 for a voice name that is neither the model's nor a library voice it
+// speaks in; it lists both kinds.
+func (s *Server) unknownVoice(name string) *apiError {
+	m := s.o.Pool.Model()
+	msg := fmt.Sprintf("voice %q is not available; voices: %s", excerpt(name), strings.Join(m.Voices, ", "))
+	var lib []string
+	more := 0
+	if s.o.Voices != nil {
+		for _, v := range s.o.Voices.List() {
+			switch {
+			case !speaksIn(m, v):
+			case len(lib) == maxListedLibraryVoices:
+				more++
+			default:
+				lib = append(lib, v.Name)
+			}
+		}
+	}
+	if len(lib) > 0 {
+		msg += "; library voices: " + strings.Join(lib, ", ")
+		if more > 0 {
+			msg += fmt.Sprintf(" and %d more (GET /v1/audio/voices)", more)
+		}
+	}
+	return invalid("voice", msg)
+}
+
+// voiceName is the name in a "voice" field: a string or {"id": ...}; "" when it is absent.
+func voiceName(raw json.RawMessage) (string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
 	var name string
-	if json.Unmarshal(raw, &name) == nil {
-		return name
+	if err := json.Unmarshal(raw, &name); err == nil {
+		return name, nil
 	}
 	var obj struct {
 		ID string `json:"id"`
 	}
-	_ = json.Unmarshal(raw, &obj)
-	return obj.ID
+	if err := json.Unmarshal(raw, &obj); err != nil || obj.ID == "" {
+		return "", invalid("voice", `voice must be a string or an object {"id": "..."}`)
+	}
+	return obj.ID, nil
 }
 
 // refClip reads a request's ref_audio and ref_text (a speech request's or a WebSocket

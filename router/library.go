@@ -38,6 +38,8 @@ type voiceView struct {
 	Tokens     int       `json:"tokens,omitempty"`
 	// LatentFrames are a latent-space model's prompt frames, where Tokens are a token model's.
 	LatentFrames int `json:"latent_frames,omitempty"`
+	// Family is the model family that made the voice; only its models speak in it.
+	Family string `json:"family,omitempty"`
 }
 
 // Types of voices in the lists.
@@ -49,7 +51,7 @@ const (
 func clonedView(m voicelib.Meta) voiceView {
 	return voiceView{ID: m.Name, Object: "voice", Name: m.Name, Type: voiceCloned, Text: m.Text, CreatedAt: m.CreatedAt,
 		Consent: m.Consent, Seconds: m.Seconds, SampleRate: m.SampleRate, Tokens: m.Tokens,
-		LatentFrames: m.LatentFrames}
+		LatentFrames: m.LatentFrames, Family: m.Family}
 }
 
 // noLibrary is the error of library calls on a server without one.

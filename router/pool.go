@@ -66,6 +66,9 @@ type Model struct {
 	Instructions bool
 	// Cloning is true when the model makes voices from reference clips and speaks in them.
 	Cloning bool
+	// Family is the model's family (tts.Description.Kind). A library voice speaks only with a
+	// model of the family that made it; "" (unknown) refuses none.
+	Family string
 }
 
 // QueueOptions bound the wait for a free instance.

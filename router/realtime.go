@@ -397,7 +397,7 @@ func (ss *wsSession) config(m wsIn) {
 		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", m.Model, model.Name))
 		return
 	}
-	voice, prompt, aerr := ss.s.pickVoice(m.Voice)
+	voice, prompt, aerr := ss.s.resolveVoice(m.Voice)
 	if aerr != nil {
 		ss.fail(nil, "invalid_voice", aerr.Message)
 		return

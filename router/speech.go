@@ -105,7 +105,7 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	if n := utf8.RuneCountInString(text); n > s.o.MaxInputChars {
 		return nil, invalid("input", fmt.Sprintf("input has %d characters; the limit is %d", n, s.o.MaxInputChars))
 	}
-	voice, prompt, aerr := s.pickVoice(r.Voice)
+	voice, prompt, aerr := s.resolveVoice(r.Voice)
 	if aerr != nil {
 		return nil, aerr
 	}
@@ -159,33 +159,21 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 	return job, nil
 }
 
-// pickVoice reads "voice" as a string or {"id": ...}.
-func pickVoice(raw json.RawMessage, voices []string) (string, *apiError) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return voices[0], nil
-	}
-	var name string
-	if err := json.Unmarshal(raw, &name); err != nil {
-		var obj struct {
-			ID string `json:"id"`
-		}
-		if err := json.Unmarshal(raw, &obj); err != nil || obj.ID == "" {
-			return "", invalid("voice", `voice must be a string or an object {"id": "..."}`)
-		}
-		name = obj.ID
-	}
+// builtinVoice is the model's voice that name asks for: the first for "" and for OpenAI's names,
+// else the first of voices that matches name but for case; false for none.
+func builtinVoice(name string, voices []string) (string, bool) {
 	fold := func(v string) bool { return strings.EqualFold(v, name) }
 	switch {
 	case name == "":
-		return voices[0], nil
+		return voices[0], true
 	case slices.Contains(voices, name):
-		return name, nil
-	case slices.ContainsFunc(voices, fold): // the first that matches but for case
-		return voices[slices.IndexFunc(voices, fold)], nil
+		return name, true
+	case slices.ContainsFunc(voices, fold):
+		return voices[slices.IndexFunc(voices, fold)], true
 	case slices.ContainsFunc(openAIVoices, fold):
-		return voices[0], nil
+		return voices[0], true
 	}
-	return "", invalid("voice", fmt.Sprintf("voice %q is not available; voices: %s", excerpt(name), strings.Join(voices, ", ")))
+	return "", false
 }
 
 func (s *Server) speech(ctx *fasthttp.RequestCtx) {
@@ -560,7 +548,12 @@ func synthError(err error) *apiError {
 	case errors.As(err, &ie) && ie.Kind == tts.ErrInvalid:
 		// The instance's verdict is meant for the client (the prompt-token limit, say); it is
 		// bounded all the same, more loosely than a client's own values.
-		return invalid("input", excerptN(ie.Msg, maxVerdict))
+		// Param names the field it is about ("voice"); without one it is about the input.
+		param := "input"
+		if ie.Param != "" {
+			param = ie.Param
+		}
+		return invalid(param, excerptN(ie.Msg, maxVerdict))
 	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "every instance is at its max_inflight; retry later")
 	case err == nil:

@@ -10,7 +10,8 @@ import (
 // "data":[...]}) and also carries "voices", [{"id","name"}], which is what Open WebUI reads (it
 // ignores "data" and would show no voice without it). OpenAI's own voice names (alloy, ...) are
 // accepted too and are not listed: they map to the first voice. Library voices follow the
-// model's own, marked "type": "cloned", when the model can speak in them.
+// model's own, marked "type": "cloned": those the model can speak in (it clones, and its family
+// made them).
 type voiceList struct {
 	Object string       `json:"object"`
 	Model  string       `json:"model"`
@@ -40,8 +41,11 @@ func (s *Server) voices(ctx *fasthttp.RequestCtx) {
 		l.Data[i] = voiceInfo{ID: v, Object: "voice", Name: v, Type: voiceBuiltin}
 		l.Voices[i] = namedEntry{ID: v, Name: v}
 	}
-	if s.o.Voices != nil && m.Cloning {
+	if s.o.Voices != nil {
 		for _, v := range s.o.Voices.List() {
+			if !speaksIn(m, v) {
+				continue
+			}
 			l.Data = append(l.Data, voiceInfo{ID: v.Name, Object: "voice", Name: v.Name, Type: voiceCloned})
 			l.Voices = append(l.Voices, namedEntry{ID: v.Name, Name: v.Name})
 		}

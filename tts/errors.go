@@ -14,12 +14,18 @@ const (
 type Error struct {
 	Kind ErrorKind
 	Msg  string
+	// Param is the request field an ErrInvalid error is about, in the API's words ("voice");
+	// empty is the text. The router's 400 names it as the error's param.
+	Param string
 }
 
 func (e *Error) Error() string { return e.Msg }
 
 // Invalid is an ErrInvalid error: the request itself is bad.
 func Invalid(msg string) *Error { return &Error{Kind: ErrInvalid, Msg: msg} }
+
+// InvalidVoice is an ErrInvalid error about the request's voice (its Voice or Prompt).
+func InvalidVoice(msg string) *Error { return &Error{Kind: ErrInvalid, Msg: msg, Param: "voice"} }
 
 // ErrEmptyText is returned for text that has nothing to speak.
 var ErrEmptyText error = Invalid("text is empty")

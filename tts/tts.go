@@ -44,6 +44,27 @@ type VoicePrompt struct {
 	LatentDim int
 }
 
+// Family is the Description.Kind of the family whose model made p, told by the fields it fills:
+// speech tokens (with mel and embedding) are the staged family's, latents the voxcpm family's. ""
+// when it fills neither or both, which no family makes. A prompt does not carry its family across
+// the process boundary, so an instance tells it this way, as the voice library does for each of
+// its voices.
+func (p *VoicePrompt) Family() string {
+	return PromptFamily(len(p.SpeechTokens) > 0, len(p.Latents) > 0)
+}
+
+// PromptFamily is VoicePrompt.Family for a prompt that has speech tokens, latents, or both
+// (a voice.yaml's keys, before its files are read).
+func PromptFamily(speechTokens, latents bool) string {
+	switch {
+	case speechTokens && !latents:
+		return "staged"
+	case latents && !speechTokens:
+		return "voxcpm"
+	}
+	return ""
+}
+
 // Bytes is about what the prompt holds in memory, for caches that bound their size.
 func (p *VoicePrompt) Bytes() int {
 	return len(p.Text) + 8*len(p.SpeechTokens) + 4*len(p.Mel) + 4*len(p.Embedding) + 4*len(p.Latents)
@@ -51,8 +72,19 @@ func (p *VoicePrompt) Bytes() int {
 
 // Request is one synthesis request as the router hands it to an instance.
 type Request struct {
-	ID    string
-	Text  string
+	ID   string
+	Text string
+	// Voice names a built-in voice of the model, one of its Description.Voices; empty is the
+	// model's default voice, the first of Description.Voices. An instance refuses any other name
+	// with an invalid-request error that names the voice and lists the model's voices
+	// (Description.CheckVoice), whatever the family: a name is never guessed. Names clients send
+	// that are not the model's (OpenAI's alloy and the others, a name in another case, a library
+	// voice) are the router's to resolve before the request gets here.
+	//
+	// With Prompt set the request speaks in Prompt and Voice is only a label for logs: the
+	// library voice's name when the client named one, else the voice the router resolved (the
+	// model's default for a request that brings its own reference clip). Instances do not check
+	// it then.
 	Voice string
 	Speed float32
 	// Seed picks the flow's starting noise and the draws of models that sample their tokens;
@@ -63,6 +95,9 @@ type Request struct {
 	// they take them.
 	Instructions string
 	// Prompt, when set, is the voice to speak in (a cloned voice) in place of the built-in Voice.
+	// It must have been made by the serving model's family (VoicePrompt.Family): an instance
+	// refuses another family's prompt with an invalid-request error naming both
+	// (Description.CheckPrompt).
 	Prompt *VoicePrompt
 }
 

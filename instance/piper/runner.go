@@ -99,14 +99,18 @@ func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
-// the voice's length_scale.
+// the voice's length_scale. A name the model does not have and a voice prompt (which no Piper
+// voice speaks in) are the request's errors (tts.Description.CheckRequest).
 func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
 	q, end := r.begin(ctx)
 	defer func() { end(err) }()
-	v, ok := r.m.voice(req.Voice)
-	if !ok {
-		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("voice %q is not one of this model's voices", req.Voice)}
+	if err := r.m.description().CheckRequest(req); err != nil {
+		return err
 	}
+	if req.Prompt != nil { // one whose family CheckRequest cannot tell
+		return tts.InvalidVoice(fmt.Sprintf("model %q does not speak in voice prompts", r.m.Name))
+	}
+	v, _ := r.m.voice(req.Voice) // found: CheckRequest passed the name
 	if strings.TrimSpace(req.Text) == "" {
 		return tts.ErrEmptyText
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 
 	"github.com/goccy/go-yaml"
@@ -28,11 +27,11 @@ type Voice struct {
 	Embedding []float32
 }
 
-// voice returns the prompt that a request for voice name speaks with: that voice's, or the
-// first listed voice's for a name the manifest does not list (OpenAI's clients send their own
-// voice names). nil: no prompt.
+// voice returns the prompt that a request for voice name speaks with: that voice's, or the first
+// listed voice's for "" (tts.Request.Voice's rule; requestVoices refuses names the manifest does
+// not list). nil: no prompt.
 func (m *Manifest) voice(name string) *Voice {
-	if !slices.Contains(m.Voices, name) && len(m.Voices) > 0 {
+	if name == "" && len(m.Voices) > 0 {
 		name = m.Voices[0]
 	}
 	return m.voices[name]

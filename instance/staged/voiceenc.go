@@ -278,14 +278,14 @@ func (p *Pipeline) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Vo
 }
 
 // promptVoice checks a request's voice prompt against the manifest and makes the voice it speaks
-// in; every error is the request's (tts.Invalid).
+// in; every error is the request's (tts.InvalidVoice).
 func (m *Manifest) promptVoice(vp *tts.VoicePrompt) (*Voice, error) {
 	bad := func(msg string, args ...any) error {
-		return tts.Invalid("voice prompt: " + fmt.Sprintf(msg, args...))
+		return tts.InvalidVoice("voice prompt: " + fmt.Sprintf(msg, args...))
 	}
 	D, C, R := m.Flow.EmbeddingDim, m.Flow.MelBins, m.Flow.FramesPerToken
 	if D == 0 {
-		return nil, tts.Invalid(fmt.Sprintf("model %s does not speak in voice prompts", m.Name))
+		return nil, tts.InvalidVoice(fmt.Sprintf("model %s does not speak in voice prompts", m.Name))
 	}
 	if !utf8.ValidString(vp.Text) {
 		return nil, bad("its text is not valid UTF-8")
@@ -351,10 +351,14 @@ func (m *Manifest) instructText(instructions string) (s string, ok bool) {
 
 // requestVoices are the voices a request speaks with: lm's text and speech tokens lead the LM's
 // prompt, flow's tokens, mel and embedding condition the flow. A request's Prompt replaces its
-// named voice. Instructions (with lm.endofprompt) replace the LM's voice with the instruction
-// alone and keep the flow's, as CosyVoice3's instruct mode does (its LM then reads no prompt
-// speech).
+// named voice; a name the model does not have and another family's prompt are the request's
+// errors (tts.Description.CheckRequest). Instructions (with lm.endofprompt) replace the LM's
+// voice with the instruction alone and keep the flow's, as CosyVoice3's instruct mode does (its
+// LM then reads no prompt speech).
 func (m *Manifest) requestVoices(req tts.Request) (lm, flow *Voice, err error) {
+	if err := m.description().CheckRequest(req); err != nil {
+		return nil, nil, err
+	}
 	flow = m.voice(req.Voice)
 	if req.Prompt != nil {
 		if flow, err = m.promptVoice(req.Prompt); err != nil {

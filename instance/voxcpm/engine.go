@@ -197,8 +197,13 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	}
 }
 
-// requestVoice is the voice a request speaks in: its Prompt, else its named voice.
+// requestVoice is the voice a request speaks in: its Prompt, else its named voice. A name the
+// model does not have and another family's prompt are the request's errors
+// (tts.Description.CheckRequest).
 func (e *Engine) requestVoice(req tts.Request) (*voice, error) {
+	if err := e.m.description().CheckRequest(req); err != nil {
+		return nil, err
+	}
 	if req.Prompt != nil {
 		return e.m.promptVoice(req.Prompt)
 	}

@@ -213,6 +213,7 @@ func TestEngineOverlapEqualsInLine(t *testing.T) {
 		lat[i] = float32(i%7) / 10
 	}
 	m.voices = map[string]*voice{"v": {name: "v", text: "Said before.", latents: lat, patches: 5}}
+	m.voiceNames = append(m.voiceNames, "v")
 	var reqs []tts.Request
 	for i := range 20 {
 		req := tts.Request{Text: texts[i%len(texts)] + strings.Repeat("~", i%4), Seed: uint64(300 + i)}
@@ -427,6 +428,7 @@ func TestVoicePrompt(t *testing.T) {
 		lat[i] = float32(i) / 10
 	}
 	m.voices = map[string]*voice{"v": {name: "v", text: "Said before.", latents: lat, patches: 5}}
+	m.voiceNames = append(m.voiceNames, "v")
 	p, err := m.buildPrompt(byteTokenizer{}, m.voice("v"), "  Now   this.\n")
 	if err != nil {
 		t.Fatal(err)
@@ -454,9 +456,9 @@ func TestVoicePrompt(t *testing.T) {
 	if prompted.err != nil || maxDiff(named.pcm(), prompted.pcm()) != 0 {
 		t.Fatalf("the voice as a request prompt: %v, audio %g apart", prompted.err, maxDiff(named.pcm(), prompted.pcm()))
 	}
-	plain := run(t, e, tts.Request{Text: "Now this.", Voice: "alloy", Seed: 1})
+	plain := run(t, e, tts.Request{Text: "Now this.", Seed: 1})
 	if plain.err != nil || maxDiff(named.pcm(), plain.pcm()) == 0 {
-		t.Fatalf("an unknown voice name speaks in the default voice: %v", plain.err)
+		t.Fatalf("the empty voice speaks in the default voice: %v", plain.err)
 	}
 	if ctx := f.primed[0]; ctx != nil {
 		t.Fatalf("the default voice's VAE state primed with %d values, want zeros", len(ctx))
@@ -467,7 +469,8 @@ func TestVoicePrompt(t *testing.T) {
 	}{
 		{tts.VoicePrompt{Text: "x", Latents: lat, LatentDim: 4}, "feat_dim"},
 		{tts.VoicePrompt{Text: "x", Latents: lat[:PD+1], LatentDim: 3}, "whole number of patches"},
-		{tts.VoicePrompt{Text: "x", SpeechTokens: []int64{1}}, "no latents"},
+		{tts.VoicePrompt{Text: "x"}, "no latents"},
+		{tts.VoicePrompt{Text: "x", SpeechTokens: []int64{1}}, "made by the staged family"},
 		{tts.VoicePrompt{Text: " ", Latents: lat, LatentDim: 3}, "text is empty"},
 		{tts.VoicePrompt{Text: "x", Latents: []float32{float32(math.NaN()), 0, 0, 0, 0, 0}, LatentDim: 3}, "finite"},
 	} {

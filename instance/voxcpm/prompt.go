@@ -7,7 +7,7 @@ import "github.com/voxmux/voxmux/tts"
 func (m *Manifest) promptVoice(vp *tts.VoicePrompt) (*voice, error) {
 	v, err := m.voiceOf("prompt", vp)
 	if err != nil {
-		return nil, tts.Invalid("voice prompt: " + err.Error())
+		return nil, tts.InvalidVoice("voice prompt: " + err.Error())
 	}
 	return v, nil
 }

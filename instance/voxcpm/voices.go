@@ -116,6 +116,6 @@ func (m *Manifest) voiceOf(name string, vp *tts.VoicePrompt) (*voice, error) {
 	return &voice{name: name, text: vp.Text, latents: vp.Latents, patches: len(vp.Latents) / PD}, nil
 }
 
-// voice is the prompt of the voice called name: nil for the built-in default and for names the
-// export does not have (OpenAI's clients send their own voice names).
+// voice is the prompt of the voice called name: nil for the built-in default ("" or its name;
+// requestVoice refuses names the export does not have).
 func (m *Manifest) voice(name string) *voice { return m.voices[name] }

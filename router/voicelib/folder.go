@@ -28,6 +28,9 @@ type Meta struct {
 	Tokens     int     `json:"tokens"` // speech tokens of the prompt
 	// LatentFrames are the prompt's latent frames (a latent-space model's voice).
 	LatentFrames int `json:"latent_frames,omitempty"`
+	// Family is the model family that made the voice (tts.PromptFamily of its files: speech
+	// tokens are the staged family's, latents voxcpm's), the only one whose models speak in it.
+	Family string `json:"family"`
 }
 
 // writeFolder writes a voice's files into dir (which exists and is empty), each synced, so that
@@ -86,7 +89,7 @@ func readMeta(dir, name string) (voicefile.File, Meta, error) {
 		text = f.Text
 	}
 	m := Meta{Name: name, Text: text, CreatedAt: f.CreatedAt, Consent: f.Consent, SampleRate: f.Source.SampleRate,
-		Seconds: f.Source.Seconds, Tokens: len(f.SpeechTokens)}
+		Seconds: f.Source.Seconds, Tokens: len(f.SpeechTokens), Family: tts.PromptFamily(len(f.SpeechTokens) > 0, f.Latents != "")}
 	if f.Latents != "" && f.Latents == filepath.Base(f.Latents) {
 		// The file's size tells its frames without reading it; Prompt checks them whole.
 		if st, err := os.Stat(filepath.Join(dir, f.Latents)); err == nil {

@@ -166,7 +166,7 @@ func (l *Library) Create(name string, p *tts.VoicePrompt, m Meta) error {
 	if !ValidName(name) {
 		return ErrBadName
 	}
-	m.Name, m.Tokens = name, len(p.SpeechTokens)
+	m.Name, m.Tokens, m.Family = name, len(p.SpeechTokens), p.Family()
 	if p.LatentDim > 0 {
 		m.LatentFrames = len(p.Latents) / p.LatentDim
 	}

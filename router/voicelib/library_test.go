@@ -52,7 +52,7 @@ func TestCreateReadDelete(t *testing.T) {
 	// A new library over the folder (a restart) reads it all from disk.
 	l = open(t, dir, 8, 1<<20)
 	m, err := l.Get("anna_1")
-	want := Meta{Name: "anna_1", Text: "hello there", Consent: "Anna agreed", CreatedAt: at, SampleRate: 16000, Seconds: 3.5, Tokens: 5}
+	want := Meta{Name: "anna_1", Text: "hello there", Consent: "Anna agreed", CreatedAt: at, SampleRate: 16000, Seconds: 3.5, Tokens: 5, Family: "staged"}
 	if err != nil || !reflect.DeepEqual(m, want) {
 		t.Fatalf("meta %+v %v, want %+v", m, err, want)
 	}
@@ -97,8 +97,8 @@ func TestLatentVoice(t *testing.T) {
 	}
 	l = open(t, dir, 8, 1<<20)
 	m, err := l.Get("vox")
-	if err != nil || m.LatentFrames != 6 || m.Tokens != 0 {
-		t.Fatalf("meta %+v %v, want 6 latent frames", m, err)
+	if err != nil || m.LatentFrames != 6 || m.Tokens != 0 || m.Family != "voxcpm" {
+		t.Fatalf("meta %+v %v, want 6 latent frames of the voxcpm family", m, err)
 	}
 	got, err := l.Prompt("vox")
 	if err != nil || !reflect.DeepEqual(got, p) {
