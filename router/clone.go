@@ -11,7 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/voxmux/voxmux/router/audio"
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -151,7 +151,7 @@ func (s *Server) resolveVoice(raw json.RawMessage) (string, *tts.VoicePrompt, *a
 	}
 	meta, err := s.o.Voices.Get(name)
 	if err != nil {
-		if !errors.Is(err, voicelib.ErrNotFound) {
+		if !errors.Is(err, library.ErrNotFound) {
 			s.o.Logger.Error("voice library", "voice", name, "error", err)
 		}
 		return "", nil, s.unknownVoice(name)
@@ -174,7 +174,7 @@ func (s *Server) resolveVoice(raw json.RawMessage) (string, *tts.VoicePrompt, *a
 
 // speaksIn tells whether model m can speak in library voice v: it clones, and v was made by its
 // family (either unknown refuses none).
-func speaksIn(m Model, v voicelib.Meta) bool {
+func speaksIn(m Model, v library.Meta) bool {
 	return m.Cloning && (m.Family == "" || v.Family == "" || v.Family == m.Family)
 }
 
@@ -229,7 +229,7 @@ func voiceName(raw json.RawMessage) (string, *apiError) {
 // refClip reads a request's ref_audio and ref_text (a speech request's or a WebSocket
 // session.config's); nil when it has neither. library tells that its voice is a library voice,
 // which a reference clip would contradict.
-func (s *Server) refClip(refAudio, refText *string, library bool) (*tts.VoiceClip, *apiError) {
+func (s *Server) refClip(refAudio, refText *string, fromLibrary bool) (*tts.VoiceClip, *apiError) {
 	if refAudio == nil && refText == nil {
 		return nil, nil
 	}
@@ -240,7 +240,7 @@ func (s *Server) refClip(refAudio, refText *string, library bool) (*tts.VoiceCli
 		return nil, invalid("ref_audio", "ref_text needs ref_audio: the reference clip, base64")
 	case refText == nil || strings.TrimSpace(*refText) == "":
 		return nil, invalid("ref_text", "ref_audio needs ref_text: the transcript of the clip")
-	case library:
+	case fromLibrary:
 		return nil, invalid("ref_audio", "voice names a cloned voice and ref_audio brings another; send one of them")
 	case !utf8.ValidString(*refText) || utf8.RuneCountInString(*refText) > maxTranscriptChars:
 		return nil, invalid("ref_text", fmt.Sprintf("ref_text must be UTF-8 of at most %d characters", maxTranscriptChars))

@@ -15,7 +15,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 )
 
 // Bounds of a library voice's transcript and consent statement.
@@ -48,7 +48,7 @@ const (
 	voiceCloned  = "cloned"
 )
 
-func clonedView(m voicelib.Meta) voiceView {
+func clonedView(m library.Meta) voiceView {
 	return voiceView{ID: m.Name, Object: "voice", Name: m.Name, Type: voiceCloned, Text: m.Text, CreatedAt: m.CreatedAt,
 		Consent: m.Consent, Seconds: m.Seconds, SampleRate: m.SampleRate, Tokens: m.Tokens,
 		LatentFrames: m.LatentFrames, Family: m.Family}
@@ -207,7 +207,7 @@ func (s *Server) createVoice(ctx *fasthttp.RequestCtx) {
 	case u.Name == "":
 		fail(invalid("name", "name is required"))
 		return
-	case !voicelib.ValidName(u.Name):
+	case !library.ValidName(u.Name):
 		fail(invalid("name", fmt.Sprintf("name %q is not 1 to 64 of A-Z, a-z, 0-9, _ and -", excerpt(u.Name))))
 		return
 	case s.builtinName(u.Name):
@@ -245,10 +245,10 @@ func (s *Server) createVoice(ctx *fasthttp.RequestCtx) {
 		fail(extractError(err, "file"))
 		return
 	}
-	meta := voicelib.Meta{Text: u.Text, Consent: u.Consent, CreatedAt: time.Now().UTC().Truncate(time.Second),
+	meta := library.Meta{Text: u.Text, Consent: u.Consent, CreatedAt: time.Now().UTC().Truncate(time.Second),
 		SampleRate: clip.SampleRate, Seconds: float64(len(clip.PCM)) / float64(clip.SampleRate)}
 	switch err := s.o.Voices.Create(u.Name, p, meta); {
-	case errors.Is(err, voicelib.ErrExists):
+	case errors.Is(err, library.ErrExists):
 		fail(conflict(fmt.Sprintf("a voice named %q exists; delete it first or choose another name", u.Name)))
 		return
 	case err != nil:
@@ -278,7 +278,7 @@ func (s *Server) getVoice(ctx *fasthttp.RequestCtx, name string) {
 	}
 	meta, err := s.o.Voices.Get(name)
 	switch {
-	case errors.Is(err, voicelib.ErrNotFound):
+	case errors.Is(err, library.ErrNotFound):
 		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "voice_not_found", fmt.Sprintf("no voice named %q", excerpt(name))))
 	case err != nil:
 		s.o.Logger.Error("voice library", "voice", name, "error", err)
@@ -303,7 +303,7 @@ func (s *Server) deleteVoice(ctx *fasthttp.RequestCtx, name string) {
 		return
 	}
 	switch err := s.o.Voices.Delete(name); {
-	case errors.Is(err, voicelib.ErrNotFound):
+	case errors.Is(err, library.ErrNotFound):
 		writeError(ctx, newError(fasthttp.StatusNotFound, "invalid_request_error", "voice_not_found", fmt.Sprintf("no voice named %q", excerpt(name))))
 	case err != nil:
 		s.o.Logger.Error("voice library", "voice", name, "error", err)

@@ -16,7 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -52,7 +52,7 @@ func newCloner(extractErr error) *cloner {
 // serveLibrary serves cloningModel over one cloner, with a library in dir.
 func serveLibrary(t *testing.T, dir string, c *cloner, tweak func(*Options)) string {
 	t.Helper()
-	lib, err := voicelib.Open(voicelib.Options{Dir: dir, MaxEntries: 4, MaxBytes: 1 << 20})
+	lib, err := library.Open(library.Options{Dir: dir, MaxEntries: 4, MaxBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestCreateVoiceErrors(t *testing.T) {
 }
 
 func TestCloningNeedsAModelThatClones(t *testing.T) {
-	lib, _ := voicelib.Open(voicelib.Options{Dir: t.TempDir(), MaxEntries: 4, MaxBytes: 1 << 20})
+	lib, _ := library.Open(library.Options{Dir: t.TempDir(), MaxEntries: 4, MaxBytes: 1 << 20})
 	url, _ := serveWith(t, tinyModel, func(o *Options) { o.Voices = lib }, ready("i0", newCloner(nil), 4))
 	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 501 || !strings.Contains(string(b), "cannot clone") {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)

@@ -20,7 +20,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 )
 
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
@@ -56,7 +56,7 @@ type Options struct {
 	Realtime RealtimeOptions
 	// Voices is the library of cloned voices; nil: there is none (ad hoc cloning with ref_audio
 	// still works on a model that clones).
-	Voices *voicelib.Library
+	Voices *library.Library
 	// MaxUploadBytes bounds an uploaded reference clip; 0: DefaultMaxUploadBytes.
 	MaxUploadBytes int
 	// AdminToken, when set, may create and delete library voices, as may VoiceKeys. With neither

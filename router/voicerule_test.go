@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -31,18 +31,18 @@ func apiErr(t *testing.T, body []byte) (msg, param string) {
 
 // libraryWith opens a library in a new folder holding voice anna, made by the staged family
 // (fixedPrompt has speech tokens), and bob, made by the voxcpm family (latents).
-func libraryWith(t *testing.T) *voicelib.Library {
+func libraryWith(t *testing.T) *library.Library {
 	t.Helper()
-	lib, err := voicelib.Open(voicelib.Options{Dir: t.TempDir(), MaxEntries: 4, MaxBytes: 1 << 20})
+	lib, err := library.Open(library.Options{Dir: t.TempDir(), MaxEntries: 4, MaxBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
 	at := time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC)
-	if err := lib.Create("anna", &fixedPrompt, voicelib.Meta{Text: "hello", Consent: "Anna agreed.", CreatedAt: at}); err != nil {
+	if err := lib.Create("anna", &fixedPrompt, library.Meta{Text: "hello", Consent: "Anna agreed.", CreatedAt: at}); err != nil {
 		t.Fatal(err)
 	}
 	bob := &tts.VoicePrompt{Text: "hello", Latents: []float32{1, 2, 3, 4}, LatentDim: 2}
-	if err := lib.Create("bob", bob, voicelib.Meta{Text: "hello", Consent: "Bob agreed.", CreatedAt: at}); err != nil {
+	if err := lib.Create("bob", bob, library.Meta{Text: "hello", Consent: "Bob agreed.", CreatedAt: at}); err != nil {
 		t.Fatal(err)
 	}
 	return lib

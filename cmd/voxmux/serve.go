@@ -23,7 +23,7 @@ import (
 	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/plugin"
 	"github.com/voxmux/voxmux/router"
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -106,9 +106,9 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	if err != nil {
 		return err
 	}
-	var voices *voicelib.Library
+	var voices *library.Library
 	if dir := cfg.VoicesDir(); dir != "" {
-		voices, err = voicelib.Open(voicelib.Options{Dir: dir, MaxEntries: cfg.Voices.Cache.MaxEntries,
+		voices, err = library.Open(library.Options{Dir: dir, MaxEntries: cfg.Voices.Cache.MaxEntries,
 			MaxBytes: int64(cfg.Voices.Cache.MaxBytes), Logger: log})
 		if err != nil {
 			return fmt.Errorf("config %s: voices.dir: %w", cfg.File, err)

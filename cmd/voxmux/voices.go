@@ -8,15 +8,15 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/voxmux/voxmux/voices"
+	"github.com/voxmux/voxmux/instance/piper/voicemod"
 )
 
 // voicesCmd is `voxmux voices`: published Piper voices from Go modules.
 func voicesCmd() *cobra.Command {
 	root := &cobra.Command{Use: "voices", Short: "Fetch published Piper voices (Go modules) into a voices folder"}
 	var dir, goBin string
-	known := make([]string, 0, len(voices.Known))
-	for k, v := range voices.Known {
+	known := make([]string, 0, len(voicemod.Known))
+	for k, v := range voicemod.Known {
 		known = append(known, "  "+k+"  "+v)
 	}
 	sort.Strings(known)
@@ -30,7 +30,7 @@ func voicesCmd() *cobra.Command {
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, v := range args {
-				u, err := voices.Fetch(cmd.Context(), goBin, v, dir)
+				u, err := voicemod.Fetch(cmd.Context(), goBin, v, dir)
 				if err != nil {
 					return err
 				}
@@ -49,7 +49,7 @@ func voicesCmd() *cobra.Command {
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			for _, d := range args {
-				u, err := voices.Unpack(&voices.Module{Path: d, Dir: d}, dir)
+				u, err := voicemod.Unpack(&voicemod.Module{Path: d, Dir: d}, dir)
 				if err != nil {
 					return err
 				}

@@ -82,10 +82,10 @@ type piperSession struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	// r counts the runs and holds the jobs' requests.
-	r *PiperRunner
+	r *Runner
 }
 
-func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *PiperRunner) *piperSession {
+func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *Runner) *piperSession {
 	if !lengths {
 		o.Batch = 1 // without row lengths a padded row's audio cannot be cut
 	}

@@ -42,7 +42,7 @@ func section(t testing.TB, o Options) tts.EngineSection {
 	return b
 }
 
-func jennyRunner(t *testing.T, opts Options) *PiperRunner {
+func jennyRunner(t *testing.T, opts Options) *Runner {
 	t.Helper()
 	p := reference(t)
 	r, _, err := openPiper(tts.LoadConfig{Manifest: p.voice, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, opts)})
@@ -246,7 +246,7 @@ func piperDiffs(a, b []float32) (all, inner float64) {
 }
 
 // graphRuns is the runner's graph runs so far and the sentences in them.
-func graphRuns(r *PiperRunner) (runs, rows uint64) {
+func graphRuns(r *Runner) (runs, rows uint64) {
 	st := r.Report().Stages[stageGraph]
 	return st.Batches, st.Items
 }

@@ -18,7 +18,7 @@ import (
 // the --bench variant of the tiny voice (a sample-rate convolution stack of about a real medium
 // voice's compute per second of audio):
 //
-//	shared:     one session, every request calling Run at once (what PiperRunner does)
+//	shared:     one session, every request calling Run at once (what Runner does)
 //	serialized: one session, requests taking turns
 //	sessions:   one session per concurrent request
 //

@@ -20,9 +20,9 @@ import (
 // Piper voices (docs/piper.md): a VITS graph `NAME.onnx` with its config `NAME.onnx.json`, as the
 // Piper voices collection publishes them. A model of kind piper is one or more such voices.
 
-// PiperManifest is the optional YAML that makes a folder of voices (or a list of them) a model, and
+// Manifest is the optional YAML that makes a folder of voices (or a list of them) a model, and
 // sets what a voice file cannot say.
-type PiperManifest struct {
+type Manifest struct {
 	Kind string `yaml:"kind"` // piper
 	// Name is the model name clients send as "model"; default: the manifest's folder name.
 	Name string `yaml:"name"`
@@ -203,8 +203,8 @@ func loadPiperModel(path string) (*piperModel, error) {
 	return m, nil
 }
 
-func loadPiperManifest(path string) (*PiperManifest, error) {
-	var man PiperManifest
+func loadPiperManifest(path string) (*Manifest, error) {
+	var man Manifest
 	if err := manifest.Read(path, "piper manifest", &man); err != nil {
 		return nil, err
 	}

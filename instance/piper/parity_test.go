@@ -19,7 +19,7 @@ import (
 
 	"github.com/voxmux/voxmux/tts"
 
-	"github.com/voxmux/voxmux/voices"
+	"github.com/voxmux/voxmux/instance/piper/voicemod"
 )
 
 // parityTolerance bounds each sample's difference from Piper's, of full scale: measured 0.00005
@@ -27,7 +27,7 @@ import (
 const parityTolerance = 0.001
 
 // Parity with Piper's reference executable (github.com/amitybell/piper-bin-linux, pinned in
-// voices.PiperBin) on a published voice (jenny, voices.Known): both come from the Go module cache.
+// voicemod.PiperBin) on a published voice (jenny, voicemod.Known): both come from the Go module cache.
 
 // parityText has numbers, abbreviations and punctuation; each line is one request.
 var parityText = []string{
@@ -65,12 +65,12 @@ func reference(t *testing.T) piperRef {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		exe, err := voices.FetchPiper(ctx, os.Getenv("GO"), filepath.Join(dir, "piper"))
+		exe, err := voicemod.FetchPiper(ctx, os.Getenv("GO"), filepath.Join(dir, "piper"))
 		if err != nil {
 			refErr = err
 			return
 		}
-		u, err := voices.Fetch(ctx, os.Getenv("GO"), "jenny", filepath.Join(dir, "voices"))
+		u, err := voicemod.Fetch(ctx, os.Getenv("GO"), "jenny", filepath.Join(dir, "voices"))
 		if err != nil {
 			refErr = err
 			return

@@ -174,7 +174,7 @@ func TestPiperPhonemeMapAndClusters(t *testing.T) {
 	}
 }
 
-func openTinyPiper(t testing.TB, path string) (*PiperRunner, tts.Description) {
+func openTinyPiper(t testing.TB, path string) (*Runner, tts.Description) {
 	t.Helper()
 	r, d, err := openPiper(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: ortLibrary(t)})
 	if err != nil {

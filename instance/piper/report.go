@@ -33,7 +33,7 @@ type request struct {
 
 // begin holds the runner for a request with context ctx; end, called with what Synthesize
 // returns, lets go of it.
-func (r *PiperRunner) begin(ctx context.Context) (q *request, end func(error)) {
+func (r *Runner) begin(ctx context.Context) (q *request, end func(error)) {
 	q = &request{}
 	q.held.Store(1)
 	stop := context.AfterFunc(ctx, func() {
@@ -59,10 +59,10 @@ func (r *PiperRunner) begin(ctx context.Context) (q *request, end func(error)) {
 }
 
 // hold marks q as held by one more sentence.
-func (r *PiperRunner) hold(q *request) { q.held.Add(1) }
+func (r *Runner) hold(q *request) { q.held.Add(1) }
 
 // release ends one hold on q; the last one records a cancel's cost.
-func (r *PiperRunner) release(q *request) {
+func (r *Runner) release(q *request) {
 	if q.held.Add(-1) == 0 {
 		r.cancels.Left(&q.cancelAt)
 	}
@@ -70,6 +70,6 @@ func (r *PiperRunner) release(q *request) {
 
 // Report is the runner's graph runs, over every voice file, and its cancels; it does not time
 // its requests' first audio (a request's first audio is its first sentence's run).
-func (r *PiperRunner) Report() engine.Report {
+func (r *Runner) Report() engine.Report {
 	return engine.Report{Stages: r.stats.Stats(), Cancels: r.cancels.Stats()}
 }

@@ -24,7 +24,7 @@ func TestRunnerReports(t *testing.T) {
 	t.Run("replicas", func(t *testing.T) {
 		a, _ := openTinyPiper(t, tinyPiperDir)
 		b, _ := openTinyPiper(t, tinyPiperDir)
-		enginetest.CheckCancelReport(t, engine.NewReplicas([]*PiperRunner{a, b}), tts.Request{Text: reportText}, 2)
+		enginetest.CheckCancelReport(t, engine.NewReplicas([]*Runner{a, b}), tts.Request{Text: reportText}, 2)
 	})
 }
 

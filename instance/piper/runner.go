@@ -18,11 +18,11 @@ import (
 	"github.com/voxmux/voxmux/instance/ort"
 )
 
-// PiperRunner synthesizes with Piper (VITS) voices: text → sentences → espeak-ng phonemes → ids
+// Runner synthesizes with Piper (VITS) voices: text → sentences → espeak-ng phonemes → ids
 // → graph runs, each sentence's audio emitted before the next is synthesized. Concurrent requests'
 // sentences for one voice file share its session and run in batches (batch.go): on CUDA
 // many sentences per run, on the CPU one per run, many runs at once (docs/piper.md).
-type PiperRunner struct {
+type Runner struct {
 	m     *piperModel
 	rt    *ort.Runtime
 	ph    *espeak.Phonemizer
@@ -36,7 +36,7 @@ type PiperRunner struct {
 
 // openPiper checks the voices, starts espeak-ng and prepares ONNX Runtime; sessions are loaded
 // on a voice's first request.
-func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
+func openPiper(cfg tts.LoadConfig) (*Runner, tts.Description, error) {
 	m, err := loadPiperModel(cfg.Manifest)
 	if err != nil {
 		return nil, tts.Description{}, err
@@ -65,14 +65,14 @@ func openPiper(cfg tts.LoadConfig) (*PiperRunner, tts.Description, error) {
 	if err != nil {
 		return nil, tts.Description{}, err
 	}
-	r := &PiperRunner{m: m, rt: rt, ph: ph, opts: opts, stats: engine.NewCounters(stageNames...)}
+	r := &Runner{m: m, rt: rt, ph: ph, opts: opts, stats: engine.NewCounters(stageNames...)}
 	r.cache = newSessionCache(m.MaxLoaded, r.load)
 	return r, m.description(), nil
 }
 
 // load opens a voice file's session with its row lengths exposed (piperWithLengths) when the
 // graph has them and batches are wanted, and starts its workers.
-func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
+func (r *Runner) load(f *piperFile) (*piperSession, error) {
 	in := []string{"input", "input_lengths", "scales"}
 	if f.HasSID {
 		in = append(in, "sid")
@@ -101,7 +101,7 @@ func (r *PiperRunner) load(f *piperFile) (*piperSession, error) {
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
 // the voice's length_scale. A name the model does not have and a voice prompt (which no Piper
 // voice speaks in) are the request's errors (tts.Description.CheckRequest).
-func (r *PiperRunner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
+func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
 	q, end := r.begin(ctx)
 	defer func() { end(err) }()
 	if err := r.m.description().CheckRequest(req); err != nil {
@@ -172,13 +172,13 @@ func normalizePeak(pcm []float32) {
 }
 
 // Voices lists the model's voice names, as Description does.
-func (r *PiperRunner) Voices() []string { return r.m.description().Voices }
+func (r *Runner) Voices() []string { return r.m.description().Voices }
 
 // Loaded lists the voice files whose sessions are loaded now (least recently used first).
-func (r *PiperRunner) Loaded() []string { return r.cache.loaded() }
+func (r *Runner) Loaded() []string { return r.cache.loaded() }
 
 // Close frees every session; requests still running fail.
-func (r *PiperRunner) Close() error {
+func (r *Runner) Close() error {
 	err := r.cache.close()
 	r.rt.Close()
 	return err

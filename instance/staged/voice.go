@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/goccy/go-yaml"
-	"github.com/voxmux/voxmux/tts/voicefile"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 // Voice is a voice's zero-shot prompt (voice_dir/NAME/voice.yaml): the transcript of a prompt
@@ -100,12 +100,12 @@ func (m *Manifest) loadVoices() error {
 func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 	// The router's voice library writes the same file with keys that record where the voice
 	// came from, so one of its folders can be copied into an export; any other key is refused.
-	file := filepath.Join(dir, voicefile.YAMLName)
+	file := filepath.Join(dir, promptfile.YAMLName)
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("voice %s: %w", name, err)
 	}
-	var f voicefile.File
+	var f promptfile.File
 	if err := yaml.UnmarshalWithOptions(data, &f, yaml.DisallowUnknownField(), yaml.Strict()); err != nil {
 		return nil, fmt.Errorf("voice %s: %s: %s", name, file, yaml.FormatError(err, false, true))
 	}
@@ -141,7 +141,7 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		mel, err := voicefile.ReadFloats(p)
+		mel, err := promptfile.ReadFloats(p)
 		if err != nil {
 			return nil, bad("mel", "%v", err)
 		}
@@ -161,7 +161,7 @@ func (m *Manifest) loadVoice(name, dir string) (*Voice, error) {
 		if !filepath.IsAbs(p) {
 			p = filepath.Join(dir, p)
 		}
-		emb, err := voicefile.ReadFloats(p)
+		emb, err := promptfile.ReadFloats(p)
 		if err != nil {
 			return nil, bad("embedding", "%v", err)
 		}
@@ -189,7 +189,7 @@ func (m *Manifest) loadFlowNoise() error {
 	if m.Flow.Noise == "" {
 		return nil
 	}
-	t, err := voicefile.ReadFloats(m.Path(m.Flow.Noise))
+	t, err := promptfile.ReadFloats(m.Path(m.Flow.Noise))
 	if err != nil {
 		return fmt.Errorf("flow.noise: %w", err)
 	}

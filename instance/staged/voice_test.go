@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/router/voicelib"
+	"github.com/voxmux/voxmux/router/library"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -110,12 +110,12 @@ func TestVoicesLoadLibraryFolder(t *testing.T) {
 			mel[f*80+c] = float32(100*f + c)
 		}
 	}
-	lib, err := voicelib.Open(voicelib.Options{Dir: t.TempDir()})
+	lib, err := library.Open(library.Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &tts.VoicePrompt{Text: "Hi.", SpeechTokens: []int64{5, 0, 63}, Mel: mel, MelBins: 80, Embedding: []float32{1, 2, 3, 4}}
-	meta := voicelib.Meta{Text: "hi", CreatedAt: time.Now(), Consent: "recorded by alice", SampleRate: 24000, Seconds: 5}
+	meta := library.Meta{Text: "hi", CreatedAt: time.Now(), Consent: "recorded by alice", SampleRate: 24000, Seconds: 5}
 	if err := lib.Create("alice", p, meta); err != nil {
 		t.Fatal(err)
 	}

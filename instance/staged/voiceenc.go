@@ -12,8 +12,8 @@ import (
 
 	onnxrt "github.com/yalue/onnxruntime_go"
 
+	"github.com/voxmux/voxmux/instance/clipfeat"
 	"github.com/voxmux/voxmux/instance/ort"
-	"github.com/voxmux/voxmux/instance/voicefeat"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -71,7 +71,7 @@ func (m *Manifest) validateVoiceEncoder() []error {
 		fmt.Sprintf("%g must be in [min_seconds, %d] (the speech tokenizer's limit)", v.MaxSeconds, speechTokenizerSeconds))
 	// The features are CosyVoice3's: a 24 kHz vocoder of 80-bin mel at 50 Hz, tokens at 25 Hz.
 	need(m.SampleRate == 24000, "", fmt.Sprintf("needs sample_rate 24000 (the prompt mel's), not %d", m.SampleRate))
-	need(m.Flow.MelBins == voicefeat.FlowBins, "", fmt.Sprintf("needs flow.mel_bins %d (the prompt mel's), not %d", voicefeat.FlowBins, m.Flow.MelBins))
+	need(m.Flow.MelBins == clipfeat.FlowBins, "", fmt.Sprintf("needs flow.mel_bins %d (the prompt mel's), not %d", clipfeat.FlowBins, m.Flow.MelBins))
 	need(m.Flow.FramesPerToken == 2, "", fmt.Sprintf("needs flow.frames_per_token 2 (50 Hz mel, 25 Hz tokens), not %d", m.Flow.FramesPerToken))
 	need(m.Flow.EmbeddingDim > 0, "", "needs flow.embedding_dim > 0 (the flow's cond and embedding inputs)")
 	return errs
@@ -156,7 +156,7 @@ func (e *voiceEncoder) close() error {
 
 // speechTokens runs the speech tokenizer on Whisper's log-mel, channel-major [128][frames].
 func (e *voiceEncoder) speechTokens(feats []float32, frames int) ([]int64, error) {
-	x, err := onnxrt.NewTensor(onnxrt.NewShape(1, voicefeat.WhisperBins, int64(frames)), feats)
+	x, err := onnxrt.NewTensor(onnxrt.NewShape(1, clipfeat.WhisperBins, int64(frames)), feats)
 	if err != nil {
 		return nil, fmt.Errorf("speech tokenizer input: %w", err)
 	}
@@ -188,7 +188,7 @@ func (e *voiceEncoder) speechTokens(feats []float32, frames int) ([]int64, error
 
 // embedding runs the speaker network on a mean-removed fbank, frame-major [frames][80].
 func (e *voiceEncoder) embedding(fbank []float32, frames int) ([]float32, error) {
-	x, err := onnxrt.NewTensor(onnxrt.NewShape(1, int64(frames), voicefeat.FbankBins), fbank)
+	x, err := onnxrt.NewTensor(onnxrt.NewShape(1, int64(frames), clipfeat.FbankBins), fbank)
 	if err != nil {
 		return nil, fmt.Errorf("speaker input: %w", err)
 	}
@@ -230,7 +230,7 @@ func (p *Pipeline) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Vo
 	if spec == nil || p.venc == nil {
 		return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("model %s does not make voices from reference audio", m.Name))
 	}
-	pcm, err := voicefeat.ClipSpeech(clip, minClipRate, spec.MinSeconds, spec.MaxSeconds)
+	pcm, err := clipfeat.ClipSpeech(clip, minClipRate, spec.MinSeconds, spec.MaxSeconds)
 	if err != nil {
 		return tts.VoicePrompt{}, err
 	}
@@ -241,8 +241,8 @@ func (p *Pipeline) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Vo
 	if err := ctx.Err(); err != nil {
 		return tts.VoicePrompt{}, err
 	}
-	x16 := voicefeat.Resample(pcm, clip.SampleRate, 16000)
-	feats, frames := voicefeat.WhisperLogMel(x16)
+	x16 := clipfeat.Resample(pcm, clip.SampleRate, 16000)
+	feats, frames := clipfeat.WhisperLogMel(x16)
 	tokens, err := e.speechTokens(feats, frames)
 	if err != nil {
 		return tts.VoicePrompt{}, fmt.Errorf("voice_encoder: %w", err)
@@ -250,14 +250,14 @@ func (p *Pipeline) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Vo
 	if err := ctx.Err(); err != nil {
 		return tts.VoicePrompt{}, err
 	}
-	fbank, fframes := voicefeat.KaldiFbank(x16)
-	voicefeat.SubtractMean(fbank, voicefeat.FbankBins)
+	fbank, fframes := clipfeat.KaldiFbank(x16)
+	clipfeat.SubtractMean(fbank, clipfeat.FbankBins)
 	emb, err := e.embedding(fbank, fframes)
 	if err != nil {
 		return tts.VoicePrompt{}, fmt.Errorf("voice_encoder: %w", err)
 	}
-	mel, _ := voicefeat.FlowMel(voicefeat.Resample(pcm, clip.SampleRate, 24000))
-	tokens, mel = voicefeat.Align(tokens, mel, voicefeat.FlowBins)
+	mel, _ := clipfeat.FlowMel(clipfeat.Resample(pcm, clip.SampleRate, 24000))
+	tokens, mel = clipfeat.Align(tokens, mel, clipfeat.FlowBins)
 	// What the networks give is the model's fault, not the clip's: plain errors.
 	for i, t := range tokens {
 		if t < 0 || t >= int64(m.LM.SpeechVocab) {

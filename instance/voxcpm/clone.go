@@ -8,8 +8,8 @@ import (
 
 	onnxrt "github.com/yalue/onnxruntime_go"
 
+	"github.com/voxmux/voxmux/instance/clipfeat"
 	"github.com/voxmux/voxmux/instance/ort"
-	"github.com/voxmux/voxmux/instance/voicefeat"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -86,7 +86,7 @@ func (e *Engine) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Voic
 	if e.enc == nil {
 		return tts.VoicePrompt{}, tts.Invalid(fmt.Sprintf("model %s does not make voices from reference audio (its export has no graphs.vae_encoder)", m.Name))
 	}
-	pcm, err := voicefeat.ClipSpeech(clip, minClipRate, minClipSeconds, maxClipSeconds)
+	pcm, err := clipfeat.ClipSpeech(clip, minClipRate, minClipSeconds, maxClipSeconds)
 	if err != nil {
 		return tts.VoicePrompt{}, err
 	}
@@ -96,7 +96,7 @@ func (e *Engine) ExtractVoice(ctx context.Context, clip tts.VoiceClip) (tts.Voic
 	if err := ctx.Err(); err != nil {
 		return tts.VoicePrompt{}, err
 	}
-	audio := padPatches(voicefeat.Resample(pcm, clip.SampleRate, m.SampleRate), m.patchSamples())
+	audio := padPatches(clipfeat.Resample(pcm, clip.SampleRate, m.SampleRate), m.patchSamples())
 	lat, err := e.enc.encode(audio)
 	if err != nil {
 		return tts.VoicePrompt{}, err

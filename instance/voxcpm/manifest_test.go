@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/voxmux/voxmux/instance/ort"
-	"github.com/voxmux/voxmux/tts/voicefile"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 // onnxIO writes an ONNX model with the given inputs and outputs (name → element type, rank 2)
@@ -114,10 +114,10 @@ func writeExport(t *testing.T, edit func(string) string, graphs func(key string,
 
 func writeVoice(t *testing.T, dir, yaml string, floats int) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, voicefile.YAMLName), []byte(yaml), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, promptfile.YAMLName), []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, voicefile.LatentsName), voicefile.EncodeFloats(make([]float32, floats)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, promptfile.LatentsName), promptfile.EncodeFloats(make([]float32, floats)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/voxmux/voxmux/tts"
-	"github.com/voxmux/voxmux/tts/voicefile"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 // defaultVoice is the built-in voice: no prompt.
@@ -44,7 +44,7 @@ func (m *Manifest) loadVoices() error {
 			continue
 		}
 		name := e.Name()
-		if _, err := os.Stat(filepath.Join(dir, name, voicefile.YAMLName)); errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(dir, name, promptfile.YAMLName)); errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if name == defaultVoice {
@@ -66,15 +66,15 @@ func (m *Manifest) loadVoices() error {
 	return errors.Join(errs...)
 }
 
-// loadVoice reads dir/voice.yaml, a voice folder in the voice library's format (tts/voicefile),
+// loadVoice reads dir/voice.yaml, a voice folder in the voice library's format (tts/promptfile),
 // and its latents; every error names the file.
 func (m *Manifest) loadVoice(name, dir string) (*voice, error) {
-	file := filepath.Join(dir, voicefile.YAMLName)
+	file := filepath.Join(dir, promptfile.YAMLName)
 	data, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("voice %s: %w", name, err)
 	}
-	f, err := voicefile.Parse(data, file)
+	f, err := promptfile.Parse(data, file)
 	if err != nil {
 		return nil, fmt.Errorf("voice %s: %w", name, err)
 	}

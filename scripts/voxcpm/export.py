@@ -16,7 +16,7 @@ audiovae.pth, tokenizer.json. OUT_DIR gets:
   vae_encoder.onnx   the AudioVAE encoder's mean (float32), for voices made from clips
   tokenizer.json     MODEL_DIR's
   voices/NAME/       voice.yaml and latents.f32 for each --voice and --random-voice (the voice
-                     library's format, tts/voicefile)
+                     library's format, tts/promptfile)
 
 --dtype is the LM, LocEnc and DiT graphs' weights and caches (the LMs run as ONNX Runtime's
 GroupQueryAttention, which CUDA runs in float16 only; float32 is for the CPU). float16 needs
@@ -156,7 +156,7 @@ def clip_latents(vae, cfg, wav, device):
 
 
 def write_voice(out, name, text, latents):
-    """A voice folder in the voice library's format (tts/voicefile): voice.yaml with the
+    """A voice folder in the voice library's format (tts/promptfile): voice.yaml with the
     transcript, the latents file and latent_dim; latents.f32 frame-major [frames][feat_dim]."""
     d = os.path.join(out, "voices", name)
     os.makedirs(d, exist_ok=True)

@@ -1,4 +1,4 @@
-package voices
+package voicemod
 
 import (
 	"archive/tar"

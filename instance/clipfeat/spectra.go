@@ -1,4 +1,4 @@
-package voicefeat
+package clipfeat
 
 import (
 	"math"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Reference values for the voicefeat tests: reference.json.
+"""Reference values for the clipfeat tests: reference.json.
 
-    /usr/bin/python3 -m instance.voicefeat.testdata.reference > instance/voicefeat/testdata/reference.json
+    /usr/bin/python3 -m instance.clipfeat.testdata.reference > instance/clipfeat/testdata/reference.json
 
 Needs torch and numpy. Resampling, Whisper's log-mel and the flow's mel come from
 scripts/cosyvoice3/voice.py, the exporter's own functions (its torchaudio-free resampler). The

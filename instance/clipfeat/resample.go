@@ -1,4 +1,4 @@
-package voicefeat
+package clipfeat
 
 import "math"
 
@@ -21,7 +21,7 @@ func ResampledLength(n, from, to int) int {
 // counts as zero. from == to returns a copy.
 func Resample(x []float32, from, to int) []float32 {
 	if from <= 0 || to <= 0 {
-		panic("voicefeat: sample rates must be positive")
+		panic("clipfeat: sample rates must be positive")
 	}
 	if from == to {
 		return append([]float32(nil), x...)

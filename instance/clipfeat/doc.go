@@ -1,4 +1,4 @@
-// Package voicefeat computes the inputs of a CosyVoice3 zero-shot voice prompt from a reference
+// Package clipfeat computes the inputs of a CosyVoice3 zero-shot voice prompt from a reference
 // clip, in pure Go, as scripts/cosyvoice3/voice.py and CosyVoice's own frontend do:
 //
 //	speech tokens   16 kHz -> WhisperLogMel [128][T]       -> speech_tokenizer_v3.onnx
@@ -13,4 +13,4 @@
 //
 // ClipSpeech checks a reference clip and trims its silence for every family that makes voices
 // from clips.
-package voicefeat
+package clipfeat

@@ -1,4 +1,4 @@
-package voicelib
+package library
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/voxmux/voxmux/tts"
-	"github.com/voxmux/voxmux/tts/voicefile"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 func testPrompt(n int) *tts.VoicePrompt {
@@ -134,8 +134,8 @@ source:
   seconds: 3.5
 `), 0o644)
 	want := testPrompt(2)
-	os.WriteFile(filepath.Join(old, "mel.f32"), voicefile.EncodeFloats(want.Mel), 0o644)
-	os.WriteFile(filepath.Join(old, "embedding.f32"), voicefile.EncodeFloats(want.Embedding), 0o644)
+	os.WriteFile(filepath.Join(old, "mel.f32"), promptfile.EncodeFloats(want.Mel), 0o644)
+	os.WriteFile(filepath.Join(old, "embedding.f32"), promptfile.EncodeFloats(want.Embedding), 0o644)
 	l := open(t, dir, 8, 1<<20)
 	if m, err := l.Get("anna"); err != nil || m.Tokens != 2 || m.Consent != "Anna agreed" || m.LatentFrames != 0 {
 		t.Fatalf("meta %+v %v", m, err)

@@ -1,4 +1,4 @@
-package voicelib
+package library
 
 import (
 	"crypto/rand"

@@ -1,8 +1,8 @@
-// Package voicefile is the on-disk form of a voice prompt (docs/pipeline.md, "Voices"): a
+// Package promptfile is the on-disk form of a voice prompt (docs/pipeline.md, "Voices"): a
 // folder's voice.yaml and the little-endian float32 files it names. An export's voices, the
 // staged engine and the router's voice library read and write the same folders, so one folder
 // can move between them.
-package voicefile
+package promptfile
 
 import (
 	"encoding/binary"

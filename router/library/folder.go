@@ -1,8 +1,8 @@
-// Package voicelib is the library of cloned voices: one folder per voice on disk, in the format
+// Package library is the library of cloned voices: one folder per voice on disk, in the format
 // of an export's voice folders (docs/pipeline.md, "Voices"), and a bounded cache of the prompts
 // loaded from them. It knows no model family: it stores the tts.VoicePrompt values instances
 // compute.
-package voicelib
+package library
 
 import (
 	"fmt"
@@ -13,7 +13,7 @@ import (
 	"github.com/goccy/go-yaml"
 
 	"github.com/voxmux/voxmux/tts"
-	"github.com/voxmux/voxmux/tts/voicefile"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 // Meta is what the library tells of a voice besides its prompt.
@@ -36,22 +36,22 @@ type Meta struct {
 // writeFolder writes a voice's files into dir (which exists and is empty), each synced, so that
 // a rename of dir publishes complete files.
 func writeFolder(dir string, p *tts.VoicePrompt, m Meta) error {
-	f, files, err := voicefile.FromPrompt(p)
+	f, files, err := promptfile.FromPrompt(p)
 	if err != nil {
 		return fmt.Errorf("the voice prompt: %w", err)
 	}
 	f.Transcript, f.CreatedAt, f.Consent = m.Text, m.CreatedAt.UTC(), m.Consent
-	f.Source = voicefile.Source{SampleRate: m.SampleRate, Seconds: m.Seconds}
+	f.Source = promptfile.Source{SampleRate: m.SampleRate, Seconds: m.Seconds}
 	for _, ff := range files {
-		if err := writeSynced(filepath.Join(dir, ff.Name), voicefile.EncodeFloats(ff.Values)); err != nil {
+		if err := writeSynced(filepath.Join(dir, ff.Name), promptfile.EncodeFloats(ff.Values)); err != nil {
 			return err
 		}
 	}
 	y, err := yaml.Marshal(f)
 	if err != nil {
-		return fmt.Errorf("encode %s: %w", voicefile.YAMLName, err)
+		return fmt.Errorf("encode %s: %w", promptfile.YAMLName, err)
 	}
-	return writeSynced(filepath.Join(dir, voicefile.YAMLName), y)
+	return writeSynced(filepath.Join(dir, promptfile.YAMLName), y)
 }
 
 func writeSynced(path string, data []byte) error {
@@ -71,18 +71,18 @@ func writeSynced(path string, data []byte) error {
 }
 
 // readMeta reads a voice folder's voice.yaml.
-func readMeta(dir, name string) (voicefile.File, Meta, error) {
-	file := filepath.Join(dir, voicefile.YAMLName)
+func readMeta(dir, name string) (promptfile.File, Meta, error) {
+	file := filepath.Join(dir, promptfile.YAMLName)
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return voicefile.File{}, Meta{}, err
+		return promptfile.File{}, Meta{}, err
 	}
-	f, err := voicefile.Parse(data, file)
+	f, err := promptfile.Parse(data, file)
 	if err != nil {
-		return voicefile.File{}, Meta{}, err
+		return promptfile.File{}, Meta{}, err
 	}
 	if err := f.Check(); err != nil {
-		return voicefile.File{}, Meta{}, fmt.Errorf("%s: %w", file, err)
+		return promptfile.File{}, Meta{}, fmt.Errorf("%s: %w", file, err)
 	}
 	text := f.Transcript
 	if text == "" { // a voice copied from an export

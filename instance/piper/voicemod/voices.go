@@ -1,11 +1,11 @@
-// Package voices fetches published Piper voices that come as Go modules and unpacks them into a
+// Package voicemod fetches published Piper voices that come as Go modules and unpacks them into a
 // folder of voice files under Piper's names, which `voxmux serve` reads (docs/piper.md).
 //
 // A voice module (github.com/amitybell/piper-voice-*) embeds dist.tzst, a zstd-compressed tar of
 // voice.onnx, voice.json and MODEL_CARD. It is fetched with `go mod download`, so its checksum is
 // verified against the checksum database as for any module and the Go module cache is the cache;
 // nothing is compiled into voxmux.
-package voices
+package voicemod
 
 import (
 	"archive/tar"

@@ -1,4 +1,4 @@
-package voicefile
+package promptfile
 
 import (
 	"math"
