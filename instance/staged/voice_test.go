@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/router/library"
+	"github.com/goccy/go-yaml"
 	"github.com/voxmux/voxmux/tts"
+	"github.com/voxmux/voxmux/tts/promptfile"
 )
 
 // writeFloats writes values as little-endian float32.
@@ -101,8 +102,10 @@ func TestVoicesLoad(t *testing.T) {
 	}
 }
 
-// A folder of the router's voice library, copied into voice_dir, loads: its voice.yaml's
-// mel_bins is checked and the keys that tell where the voice came from are ignored.
+// A voice folder in the shared prompt format (tts/promptfile) with the keys the voice library
+// writes beside the prompt (transcript, created_at, consent, source), as an operator copies one
+// from the library into voice_dir, loads: its voice.yaml's mel_bins is checked and the keys that
+// tell where the voice came from are ignored.
 func TestVoicesLoadLibraryFolder(t *testing.T) {
 	mel := make([]float32, 6*80)
 	for f := range 6 {
@@ -110,29 +113,26 @@ func TestVoicesLoadLibraryFolder(t *testing.T) {
 			mel[f*80+c] = float32(100*f + c)
 		}
 	}
-	lib, err := library.Open(library.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	p := &tts.VoicePrompt{Text: "Hi.", SpeechTokens: []int64{5, 0, 63}, Mel: mel, MelBins: 80, Embedding: []float32{1, 2, 3, 4}}
-	meta := library.Meta{Text: "hi", CreatedAt: time.Now(), Consent: "recorded by alice", SampleRate: 24000, Seconds: 5}
-	if err := lib.Create("alice", p, meta); err != nil {
-		t.Fatal(err)
-	}
-	path := voiceManifest(t, func(s string) string { return s })
-	from, to := filepath.Join(lib.Dir(), "alice"), filepath.Join(filepath.Dir(path), "voices", "alice")
-	ents, err := os.ReadDir(from)
+	f, files, err := promptfile.FromPrompt(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
+	f.Transcript, f.CreatedAt, f.Consent = "hi", time.Now().UTC(), "recorded by alice"
+	f.Source = promptfile.Source{SampleRate: 24000, Seconds: 5}
+	path := voiceManifest(t, func(s string) string { return s })
+	to := filepath.Join(filepath.Dir(path), "voices", "alice")
+	for _, ff := range files {
+		if err := os.WriteFile(filepath.Join(to, ff.Name), promptfile.EncodeFloats(ff.Values), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
+	}
+	yb, err := yaml.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(to, promptfile.YAMLName), yb, 0o644); err != nil {
+		t.Fatal(err)
 	}
 	y, _ := os.ReadFile(filepath.Join(to, "voice.yaml"))
 	for _, key := range []string{"mel_bins:", "transcript:", "created_at:", "consent:", "source:"} {

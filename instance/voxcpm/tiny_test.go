@@ -11,9 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/voxmux/voxmux/instance"
 	"github.com/voxmux/voxmux/instance/ort"
-	"github.com/voxmux/voxmux/instance/staged"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -274,37 +272,5 @@ func TestTinyExtractVoice(t *testing.T) {
 		if !errors.As(err, &te) || te.Kind != tts.ErrInvalid {
 			t.Errorf("clip of %d samples at %d Hz, text %q: %v, want an invalid-request error", len(c.PCM), c.SampleRate, c.Text, err)
 		}
-	}
-}
-
-// Behind the instance's service, ahead of the staged family that claims every path, the export
-// is served by this family: it loads, speaks and reports its stages.
-func TestTinyService(t *testing.T) {
-	path := tinyPath()
-	if _, err := os.Stat(path); err != nil {
-		tinyEngine(t, 1) // skips or fails as the other tests do
-	}
-	lib, err := ort.FindLibrary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fams := instance.Families{Family{}, staged.Family{}}
-	d, err := fams.Describe(path)
-	if err != nil || d.Kind != Kind {
-		t.Fatalf("describe: %+v, %v", d, err)
-	}
-	s := instance.NewService(fams, func(string) string { return "" })
-	defer s.Close()
-	ctx := context.Background()
-	if _, err := s.Load(ctx, tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: lib, MaxInflight: 2}); err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	if err := s.Synthesize(ctx, tts.Request{Text: "Through the service.", Seed: 1}, func(tts.Chunk) error { n++; return nil }); err != nil || n == 0 {
-		t.Fatalf("synthesize: %v, %d chunks", err, n)
-	}
-	h, err := s.Health(ctx)
-	if err != nil || !h.Ready || len(h.Stages) != 3 || h.Stages[1].Stage != "step" || h.Stages[1].Batches == 0 {
-		t.Fatalf("health %+v, %v", h, err)
 	}
 }
