@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -47,6 +48,11 @@ const (
 	pingEvery   = 30 * time.Second
 	idleTimeout = 75 * time.Second
 )
+
+// wsSendQueue bounds the messages a session has waiting for the socket; with the kernel's send
+// buffer capped (streamSendBuffer), a client that stops reading blocks the writer after that
+// much, and the write deadline (write_timeout) then ends its session.
+const wsSendQueue = 64
 
 // maxQueuedSegments bounds the segments a context may have waiting, so a client that sends text
 // far faster than it is spoken is told so instead of growing the server's memory.
@@ -176,7 +182,7 @@ func (s *Server) newSession(conn *websocket.Conn, id string) *wsSession {
 	o := s.o.Realtime.withDefaults(s.o.MaxInputChars)
 	return &wsSession{s: s, conn: conn, id: id, log: s.o.Logger.With("request_id", id, "route", RealtimePath),
 		opt: o, seg: segmenter{minChars: o.MinChars, maxChars: o.MaxChars},
-		ctx: ctx, cancel: cancel, out: make(chan wsOut, 64), contexts: map[string]*wsContext{}}
+		ctx: ctx, cancel: cancel, out: make(chan wsOut, wsSendQueue), contexts: map[string]*wsContext{}}
 }
 
 func (ss *wsSession) serve() {
@@ -190,6 +196,11 @@ func (ss *wsSession) serve() {
 	}()
 	// The server's read timeout was for the HTTP request; from now on the pings keep it alive.
 	_ = ss.conn.NetConn().SetDeadline(time.Time{})
+	if tc, ok := ss.conn.NetConn().(*net.TCPConn); ok {
+		// As for an HTTP stream: a client that stops reading blocks the writes after at most this
+		// much audio, and write_timeout starts counting.
+		_ = tc.SetWriteBuffer(streamSendBuffer)
+	}
 	alive := func() { _ = ss.conn.SetReadDeadline(time.Now().Add(idleTimeout)) }
 	alive()
 	ss.conn.SetPongHandler(func(string) error { alive(); return nil })
@@ -261,14 +272,14 @@ func (ss *wsSession) writer() {
 		}
 		if o.json != nil {
 			b, _ := json.Marshal(o.json)
-			if err := ss.conn.WriteMessage(websocket.TextMessage, b); err != nil {
-				ss.cancel()
+			if err := ss.write(websocket.TextMessage, b); err != nil {
+				ss.cut(err)
 				return
 			}
 		}
 		if o.bin != nil {
-			if err := ss.conn.WriteMessage(websocket.BinaryMessage, o.bin); err != nil {
-				ss.cancel()
+			if err := ss.write(websocket.BinaryMessage, o.bin); err != nil {
+				ss.cut(err)
 				return
 			}
 		}
@@ -280,6 +291,22 @@ func (ss *wsSession) writer() {
 			return
 		}
 	}
+}
+
+// write sends one message, within write_timeout as every write to an HTTP client.
+func (ss *wsSession) write(mt int, b []byte) error {
+	if d := ss.s.o.WriteTimeout; d > 0 {
+		_ = ss.conn.SetWriteDeadline(time.Now().Add(d))
+	}
+	return ss.conn.WriteMessage(mt, b)
+}
+
+// cut ends a session whose client left or stopped reading: its requests are cancelled (their
+// slots freed) and the read loop ends now rather than at idleTimeout.
+func (ss *wsSession) cut(err error) {
+	ss.log.Info("speech stream", "outcome", "client_gone", "error", excerptN(err.Error(), 200))
+	ss.cancel()
+	_ = ss.conn.NetConn().SetReadDeadline(time.Now())
 }
 
 func (ss *wsSession) send(o wsOut) {
