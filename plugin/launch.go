@@ -136,7 +136,9 @@ func (p *Process) PID() int {
 }
 
 // passEnv are the host variables an instance may inherit; everything else is left behind.
-var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK"}
+// VOXMUX_ORT_TELEMETRY=1 lets ONNX Runtime's telemetry run (instance/ort.TelemetryEnv).
+var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK",
+	"VOXMUX_ORT_TELEMETRY"}
 
 // InstanceEnv builds an instance's whole environment: the allowed host variables (plus CUDA_* and
 // NVIDIA_* settings other than the device list), CUDA_DEVICE_ORDER=PCI_BUS_ID unless the host
