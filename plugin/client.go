@@ -99,6 +99,9 @@ func fromStatus(err error) error {
 	case codes.InvalidArgument:
 		return &tts.Error{Kind: tts.ErrInvalid, Msg: st.Message()}
 	case codes.ResourceExhausted:
+		if e := tooLarge(st.Message()); e != nil {
+			return e
+		}
 		return &tts.Error{Kind: tts.ErrBusy, Msg: st.Message()}
 	case codes.Canceled:
 		return fmt.Errorf("instance: %s: %w", st.Message(), context.Canceled)

@@ -71,6 +71,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
+		GRPCDialOptions:  dialOptions(),
 		// go-plugin would append the host environment after cmd.Env, and the last value of a
 		// duplicated variable wins: an inherited CUDA_VISIBLE_DEVICES would undo the placement.
 		SkipHostEnv:  true,

@@ -418,11 +418,11 @@ func TestRealtimeRefAudio(t *testing.T) {
 	c := newCloner(nil)
 	const maxUpload = 100_000
 	url := serveLibrary(t, t.TempDir(), c, func(o *Options) { o.MaxUploadBytes = maxUpload })
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 201 {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	clips := c.clips.Load()
-	ref := base64.StdEncoding.EncodeToString(wav16(16000, 2))
+	ref := base64.StdEncoding.EncodeToString(wav16(16000, 3))
 	ws := wsDial(t, url, nil)
 	for _, tc := range []struct {
 		name        string
@@ -437,8 +437,8 @@ func TestRealtimeRefAudio(t *testing.T) {
 		{"not audio", obj{"ref_audio": base64.StdEncoding.EncodeToString([]byte("not audio")), "ref_text": "hello"}, "invalid_value", "ref_audio", "cannot be read"},
 		{"too short", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 0.5)), "ref_text": "hello"}, "invalid_value", "ref_audio", "the clip is 0.50 seconds"},
 		{"too large", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 4)), "ref_text": "hello"}, "file_too_large", "ref_audio", "the limit is 100000"},
-		// The mock instance refuses any clip but 2 s at 16 kHz: the instance's verdict.
-		{"refused by the instance", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(24000, 2)), "ref_text": "hello"}, "invalid_value", "ref_audio", "unexpected clip"},
+		// The mock instance refuses any clip but 3 s at 16 kHz: the instance's verdict.
+		{"refused by the instance", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(8000, 4)), "ref_text": "hello"}, "invalid_value", "ref_audio", "unexpected clip"},
 	} {
 		tc.config["type"] = "session.config"
 		wsSend(t, ws, tc.config)
@@ -496,7 +496,7 @@ func TestRealtimeRefAudio(t *testing.T) {
 func TestRealtimeRefAudioNotCloning(t *testing.T) {
 	url := serveTest(t, ready("a", &fakeSynth{chunks: 1}, 4))
 	ws := wsDial(t, url, nil)
-	wsSend(t, ws, obj{"type": "session.config", "ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 2)), "ref_text": "hello"})
+	wsSend(t, ws, obj{"type": "session.config", "ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 3)), "ref_text": "hello"})
 	if m := wsRead(t, ws); m.Type != "error" || m.Code != "cloning_not_supported" || m.Param != "ref_audio" {
 		t.Fatalf("%+v, want cloning_not_supported", m)
 	}
