@@ -704,6 +704,7 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		}
 		b, err := enc.write(ch.PCM)
 		if err != nil {
+			c.seconds += float64(samples) / float64(rate)
 			ss.fail(c, "encoder_error", err.Error())
 			return
 		}
@@ -725,6 +726,8 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		return
 	}
 	if st.err != nil || enc == nil {
+		// The next segment's timestamps follow the audio of this one that was sent.
+		c.seconds += float64(samples) / float64(rate)
 		e := synthError(st.err)
 		code := "synthesis_failed"
 		if e.Code != nil {
@@ -733,12 +736,13 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		ss.fail(c, code, fmt.Sprintf("segment %d: %s", seg.index, e.Message))
 		return
 	}
+	end := c.seconds + float64(samples)/float64(rate)
 	tail, err := enc.close()
 	if err != nil {
+		c.seconds = end
 		ss.fail(c, "encoder_error", err.Error())
 		return
 	}
-	end := c.seconds + float64(samples)/float64(rate)
 	if len(tail) > 0 {
 		ss.sendAudio(c, wsAudioDelta{Type: "audio.delta", ContextID: c.id, SegmentIndex: seg.index, Start: round3(end), End: round3(end),
 			CharStart: seg.charBase + runes, CharEnd: seg.charBase + runes, Words: []Word{}}, tail)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"reflect"
@@ -505,5 +506,54 @@ func TestRealtimeRefAudioNotCloning(t *testing.T) {
 	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, _, err := ws.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
 		t.Fatalf("session.config over %d bytes: %v, want close 1009", MaxBodyBytes, err)
+	}
+}
+
+// failFirstSynth speaks 3 chunks of 480 samples at 24 kHz, but fails a request whose text starts
+// with "First" after 2 of them.
+type failFirstSynth struct{}
+
+func (failFirstSynth) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	for i := range 3 {
+		if i == 2 && strings.HasPrefix(req.Text, "First") {
+			return errors.New("instance crashed")
+		}
+		if err := emit(tts.Chunk{PCM: make([]float32, 480), SampleRate: 24000, Index: i}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// After a segment fails partway, the next segment's audio is placed after the part of the failed
+// one that was sent, so that a client's timeline stays continuous.
+func TestRealtimeTimestampsAfterFailedSegment(t *testing.T) {
+	url := serveTest(t, ready("a", failFirstSynth{}, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config", "response_format": "pcm"})
+	if m := wsRead(t, c); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	wsSend(t, c, obj{"type": "input.text", "text": "First one. Second one."})
+	wsSend(t, c, obj{"type": "input.done"})
+	var end float64 // where the audio sent so far ends
+	failed := false
+	for {
+		m := wsRead(t, c)
+		switch m.Type {
+		case "audio.delta":
+			if m.Start != end {
+				t.Fatalf("segment %d: audio.delta starts at %v, want %v (where the audio sent so far ends)", m.SegmentIndex, m.Start, end)
+			}
+			end = m.End
+		case "error":
+			failed = true
+		}
+		if m.Type == "context.closed" {
+			break
+		}
+	}
+	if !failed || end != 0.1 {
+		t.Fatalf("failed %v, audio ends at %v: want the first segment failed and 5 chunks of 0.02 s sent", failed, end)
 	}
 }
