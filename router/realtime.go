@@ -347,7 +347,8 @@ func (ss *wsSession) failAPI(e *apiError) {
 func (ss *wsSession) handle(data []byte) {
 	var m wsIn
 	if err := json.Unmarshal(data, &m); err != nil {
-		ss.fail(nil, "invalid_message", "message is not valid JSON: "+err.Error())
+		_, msg := jsonProblem(err)
+		ss.fail(nil, "invalid_message", "message: "+msg)
 		return
 	}
 	if !ss.configured && m.Type != "session.config" {
@@ -374,7 +375,7 @@ func (ss *wsSession) handle(data []byte) {
 			return
 		}
 		if c.ending {
-			ss.fail(c, "context_closing", fmt.Sprintf("input.done was sent for context %q; its audio is finishing, use another context_id", c.id))
+			ss.fail(c, "context_closing", fmt.Sprintf("input.done was sent for context %q; its audio is finishing, use another context_id", excerpt(c.id)))
 			return
 		}
 		switch m.Type {
@@ -410,7 +411,7 @@ func (ss *wsSession) handle(data []byte) {
 			ss.send(wsOut{json: map[string]string{"type": "session.done"}, close: true})
 		}()
 	default:
-		ss.fail(nil, "invalid_message", fmt.Sprintf("unknown message type %q", m.Type))
+		ss.fail(nil, "invalid_message", fmt.Sprintf("unknown message type %q", excerpt(m.Type)))
 	}
 }
 
@@ -421,7 +422,7 @@ func (ss *wsSession) config(m wsIn) {
 	}
 	model := ss.s.o.Pool.Model()
 	if m.Model != "" && m.Model != model.Name && !slices.Contains(ss.s.o.ModelAliases, m.Model) {
-		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", m.Model, model.Name))
+		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", excerpt(m.Model), model.Name))
 		return
 	}
 	voice, prompt, aerr := ss.s.pickVoice(m.Voice)
@@ -439,7 +440,7 @@ func (ss *wsSession) config(m wsIn) {
 		format = "pcm"
 	}
 	if audio.ContentType(format) == "" {
-		ss.fail(nil, "invalid_response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(audio.Formats(), ", ")))
+		ss.fail(nil, "invalid_response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", excerpt(format), strings.Join(audio.Formats(), ", ")))
 		return
 	}
 	rate := audio.PCMRate
@@ -460,7 +461,7 @@ func (ss *wsSession) config(m wsIn) {
 		binary = true
 	case "base64":
 	default:
-		ss.fail(nil, "invalid_audio_encoding", fmt.Sprintf("audio_encoding %q is not binary or base64", m.AudioEncoding))
+		ss.fail(nil, "invalid_audio_encoding", fmt.Sprintf("audio_encoding %q is not binary or base64", excerpt(m.AudioEncoding)))
 		return
 	}
 	if clip != nil {
@@ -519,7 +520,7 @@ func (ss *wsSession) closeContextLocked(id string) {
 	}
 	c := ss.contexts[id]
 	if c == nil {
-		ss.fail(nil, "context_not_found", fmt.Sprintf("context %q is not open", id))
+		ss.fail(nil, "context_not_found", fmt.Sprintf("context %q is not open", excerpt(id)))
 		return
 	}
 	// Closed before the cancel, so the writer drops whatever of it is still on the way.

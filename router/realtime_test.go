@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"reflect"
@@ -555,5 +556,64 @@ func TestRealtimeTimestampsAfterFailedSegment(t *testing.T) {
 	}
 	if !failed || end != 0.1 {
 		t.Fatalf("failed %v, audio ends at %v: want the first segment failed and 5 chunks of 0.02 s sent", failed, end)
+	}
+}
+
+// Error messages quote a client's value as an excerpt and speak of JSON fields, not Go types, on
+// the WebSocket and over HTTP.
+func TestErrorTextQuotesExcerptsWithoutGoTypes(t *testing.T) {
+	url := serveTest(t, ready("a", &fakeSynth{chunks: 1}, 4))
+	huge := strings.Repeat("x", 200000)
+	clean := func(what, msg string, wants ...string) {
+		t.Helper()
+		if len(msg) > 400 {
+			t.Errorf("%s: a message of %d bytes", what, len(msg))
+		}
+		for _, bad := range []string{"Go ", "wsIn", "speechRequest", "struct", "*string", "uint64"} {
+			if strings.Contains(msg, bad) {
+				t.Errorf("%s: %q names a Go type (%q)", what, msg, bad)
+			}
+		}
+		for _, w := range wants {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s: %q does not say %q", what, msg, w)
+			}
+		}
+	}
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config", "sample_rate": "fast"})
+	m := wsRead(t, c)
+	clean("a string for an integer", m.Message, "sample_rate must be an integer, not string")
+	wsSend(t, c, obj{"type": "session.config", "response_format": huge})
+	m = wsRead(t, c)
+	clean("unknown format", m.Message, "response_format", "…")
+	wsSend(t, c, obj{"type": "session.config", "response_format": "pcm"})
+	if m := wsRead(t, c); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	wsSend(t, c, obj{"type": huge})
+	m = wsRead(t, c)
+	clean("unknown type", m.Message, "unknown message type", "…")
+	wsSend(t, c, obj{"type": "close_context", "context_id": huge})
+	m = wsRead(t, c)
+	clean("unknown context", m.Message, "is not open", "…")
+
+	for body, want := range map[string][]string{
+		`{"input": 5}`:                                  {"input must be a string, not number"},
+		`{"input": "hi", "speed": "fast"}`:              {"speed must be a number, not string"},
+		`{"input": "hi", "stream": 1}`:                  {"stream must be true or false, not number"},
+		`{"input": "hi",`:                               {"ends early"},
+		`{"input": "hi", "voice": ` + `"` + huge + `"}`: nil,
+		`{"model": "` + huge + `", "input": "hi"}`:      {"…"},
+	} {
+		resp, b := post(t, url, body)
+		var e struct {
+			Error struct{ Message, Param string } `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		if resp.StatusCode/100 != 4 {
+			t.Errorf("%.40s: status %d", body, resp.StatusCode)
+		}
+		clean(fmt.Sprintf("%.40s", body), e.Error.Message, want...)
 	}
 }

@@ -78,7 +78,8 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field == "seed" {
 			return nil, invalid("seed", "seed must be an integer from 0 to 18446744073709551615")
 		}
-		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
+		field, msg := jsonProblem(err)
+		return nil, invalid(field, "request body: "+msg)
 	}
 	if dec.More() {
 		return nil, invalid("", "request body has data after the JSON object")
