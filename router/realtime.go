@@ -478,7 +478,7 @@ func (ss *wsSession) config(m wsIn) {
 			return
 		}
 		ss.log.Info("speech stream", "stage", "ref_audio", "ms", time.Since(start).Milliseconds())
-		prompt = p
+		prompt, voice = p, refAudioVoice
 	}
 	if m.Seed != nil {
 		ss.seed = *m.Seed
@@ -494,6 +494,10 @@ func (ss *wsSession) config(m wsIn) {
 	}
 	ss.send(wsOut{json: created})
 }
+
+// refAudioVoice is the voice session.created names for a session that speaks in a voice cloned
+// from its ref_audio.
+const refAudioVoice = "ref_audio"
 
 // contextLocked finds or opens the context id ("" is "default").
 func (ss *wsSession) contextLocked(id string) (*wsContext, error) {

@@ -90,6 +90,7 @@ func wsDial(t *testing.T, base string, hdr http.Header, protocols ...string) *we
 
 type wsMsg struct {
 	Type         string  `json:"type"`
+	Voice        string  `json:"voice"`
 	ContextID    string  `json:"context_id"`
 	SegmentIndex int     `json:"segment_index"`
 	Text         string  `json:"text"`
@@ -456,8 +457,8 @@ func TestRealtimeRefAudio(t *testing.T) {
 		t.Fatalf("a refused config configured the session: %+v", m)
 	}
 	wsSend(t, ws, obj{"type": "session.config", "voice": "alloy", "ref_audio": ref, "ref_text": "Hello, this is Anna."})
-	if m := wsRead(t, ws); m.Type != "session.created" {
-		t.Fatalf("session.config answered %+v", m)
+	if m := wsRead(t, ws); m.Type != "session.created" || m.Voice != "ref_audio" {
+		t.Fatalf("session.config answered %+v, want session.created naming the voice ref_audio", m)
 	}
 	if n := c.clips.Load() - clips; n != 2 {
 		t.Fatalf("the instance computed %d voices, want 2", n)
