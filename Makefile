@@ -1,6 +1,9 @@
 # voxmux: `make run` serves a published Piper voice on CPU; `make test` runs every test.
 SHELL := /bin/bash
-GO ?= go
+# A go of 1.21 or later on PATH fetches the toolchain go.mod names itself; without one (or with an
+# older one, Debian 12's 1.19) scripts/install-go.sh installs that toolchain into third_party/go
+# from the Go module proxy. Evaluated where used, after `deps` has installed curl and unzip.
+GO ?= $(or $(shell scripts/install-go.sh),go)
 BIN := bin/voxmux
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
