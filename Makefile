@@ -20,7 +20,7 @@ VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dc
 run: deps ort build voices
 	@echo
 	@echo "Serving the voice Jenny (Dioco) on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
-	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\"}' -o out.wav"
+	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\",\"stream\":false}' -o out.wav"
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 

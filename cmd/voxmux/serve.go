@@ -244,7 +244,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	if len(apiKeys) > 0 {
 		auth = `-H "Authorization: Bearer $KEY" `
 	}
-	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
+	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav","stream":false}' -o out.wav`,
 		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
 	select {
