@@ -253,3 +253,27 @@ func TestRealtimeNonReaderIsCutAfterWriteTimeout(t *testing.T) {
 		t.Fatal("the synthesis for a WebSocket client that never reads was not cancelled")
 	}
 }
+
+// While the server shuts down, a request whose instance was stopped under it (a second signal
+// stops the instances at once) is answered 503, which clients retry elsewhere, not 502; before
+// the shutdown the same failure is the instance's (502).
+func TestStoppedInstanceDuringShutdownIs503(t *testing.T) {
+	stopped := &fakeSynth{fail: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance g0/0 was stopped"}}
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{})
+	pool.Add(ready("a", stopped, 4))
+	srv := New(Options{Pool: pool, MaxInputChars: 50, RequestTimeout: time.Minute})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	url := "http://" + ln.Addr().String()
+	if resp, body := post(t, url, `{"input":"hi"}`); resp.StatusCode != 502 {
+		t.Fatalf("serving: %d %s, want 502", resp.StatusCode, body)
+	}
+	srv.SetDraining()
+	if resp, body := post(t, url, `{"input":"hi"}`); resp.StatusCode != 503 || !strings.Contains(string(body), "shutting down") {
+		t.Fatalf("shutting down: %d %s, want 503", resp.StatusCode, body)
+	}
+}

@@ -733,7 +733,7 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 	if st.err != nil || enc == nil {
 		// The next segment's timestamps follow the audio of this one that was sent.
 		c.seconds += float64(samples) / float64(rate)
-		e := synthError(st.err)
+		e := ss.s.synthError(st.err)
 		code := "synthesis_failed"
 		if e.Code != nil {
 			code = *e.Code

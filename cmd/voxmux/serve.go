@@ -268,6 +268,14 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	case <-time.After(cfg.Shutdown.Grace.Std()):
 	case <-sig:
 		log.Warn("second signal: stopping now")
+		// The listener closes before the instances stop, so that no request starts on an instance
+		// about to go (requests still in flight get 503, the shutdown's answer).
+		now, cancel := context.WithCancel(context.Background())
+		cancel()
+		srv.Shutdown(now)
+		if admin != nil {
+			admin.Shutdown(now)
+		}
 		stop()
 		return nil
 	}
