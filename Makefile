@@ -1,6 +1,9 @@
 # voxmux: `make run` serves a published Piper voice on CPU; `make test` runs every test.
 SHELL := /bin/bash
-GO ?= go
+# A go of 1.21 or later on PATH fetches the toolchain go.mod names itself; without one (or with an
+# older one, Debian 12's 1.19) scripts/install-go.sh installs that toolchain into third_party/go
+# from the Go module proxy. Evaluated where used, after `deps` has installed curl and unzip.
+GO ?= $(or $(shell scripts/install-go.sh),go)
 BIN := bin/voxmux
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
@@ -17,7 +20,7 @@ VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dc
 run: deps ort build voices
 	@echo
 	@echo "Serving the voice Jenny (Dioco) on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
-	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\"}' -o out.wav"
+	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\",\"stream\":false}' -o out.wav"
 	@echo
 	$(BIN) serve --config configs/cpu.yaml
 

@@ -106,6 +106,9 @@ func fromStatus(err error) error {
 		}
 		return e
 	case codes.ResourceExhausted:
+		if e := tooLarge(st.Message()); e != nil {
+			return e
+		}
 		return &tts.Error{Kind: tts.ErrBusy, Msg: st.Message()}
 	case codes.Canceled:
 		return fmt.Errorf("instance: %s: %w", st.Message(), context.Canceled)

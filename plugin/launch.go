@@ -71,6 +71,7 @@ func Launch(ctx context.Context, lc LaunchConfig) (*Process, error) {
 		Cmd:              cmd,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		AutoMTLS:         true,
+		GRPCDialOptions:  dialOptions(),
 		// go-plugin would append the host environment after cmd.Env, and the last value of a
 		// duplicated variable wins: an inherited CUDA_VISIBLE_DEVICES would undo the placement.
 		SkipHostEnv:  true,
@@ -136,7 +137,9 @@ func (p *Process) PID() int {
 }
 
 // passEnv are the host variables an instance may inherit; everything else is left behind.
-var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK"}
+// VOXMUX_ORT_TELEMETRY=1 lets ONNX Runtime's telemetry run (instance/ort.TelemetryEnv).
+var passEnv = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "LD_LIBRARY_PATH", "GODEBUG", "GOTRACEBACK",
+	"VOXMUX_ORT_TELEMETRY"}
 
 // InstanceEnv builds an instance's whole environment: the allowed host variables (plus CUDA_* and
 // NVIDIA_* settings other than the device list), CUDA_DEVICE_ORDER=PCI_BUS_ID unless the host

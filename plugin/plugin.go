@@ -32,6 +32,6 @@ func Serve(impl Instance) {
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         goplugin.PluginSet{Name: &GRPCPlugin{Impl: impl}},
-		GRPCServer:      goplugin.DefaultGRPCServer,
+		GRPCServer:      newGRPCServer,
 	})
 }

@@ -543,6 +543,7 @@ func TestInstanceEnv(t *testing.T) {
 		"SECRET_TOKEN=hunter2",
 		"VOXMUX_PLUGIN=x",
 		"AWS_SECRET_ACCESS_KEY=abc",
+		"VOXMUX_ORT_TELEMETRY=1",
 		"MALFORMED",
 	}
 	tests := []struct {
@@ -575,6 +576,7 @@ func TestInstanceEnv(t *testing.T) {
 				"LD_LIBRARY_PATH":            "/opt/ort/lib",
 				"CUDA_CACHE_PATH":            "/var/cache/cuda",
 				"NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+				"VOXMUX_ORT_TELEMETRY":       "1", // the operator's consent to ONNX Runtime's telemetry
 			} {
 				if got := vals[k]; len(got) != 1 || got[0] != v {
 					t.Errorf("%s = %q, want [%q]", k, got, v)
@@ -588,8 +590,8 @@ func TestInstanceEnv(t *testing.T) {
 			if got := vals["CUDA_DEVICE_ORDER"]; len(got) != 1 || got[0] != "PCI_BUS_ID" {
 				t.Errorf("CUDA_DEVICE_ORDER = %q, want PCI_BUS_ID (config indices are NVML's)", got)
 			}
-			if len(env) != 7 {
-				t.Errorf("env has %d entries, want 7: %q", len(env), env)
+			if len(env) != 8 {
+				t.Errorf("env has %d entries, want 8: %q", len(env), env)
 			}
 		})
 	}

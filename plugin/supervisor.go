@@ -101,6 +101,9 @@ type Member struct {
 	// requests on it are cut with that reason.
 	life     context.Context
 	inflight map[string]int // request IDs on the current process
+	// cut holds the IDs of requests that ended because the current process exited, until its
+	// death is logged: a request sees the exit before the supervisor's next look does.
+	cut map[string]struct{}
 }
 
 // NewMember makes a member; Run starts it.
@@ -111,6 +114,7 @@ func NewMember(spec MemberSpec, opts Backoff, launch Launcher, log *slog.Logger)
 		changed:  make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 		inflight: map[string]int{},
+		cut:      map[string]struct{}{},
 	}
 }
 
@@ -161,6 +165,9 @@ func (m *Member) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 		m.mu.Lock()
 		if m.inflight[req.ID]--; m.inflight[req.ID] <= 0 {
 			delete(m.inflight, req.ID)
+		}
+		if proc.Exited() && life.Err() == nil { // gone, its death not yet logged
+			m.cut[req.ID] = struct{}{}
 		}
 		m.mu.Unlock()
 	}()
@@ -224,14 +231,21 @@ func exitWhy(proc Stopper) string {
 	return "process exited"
 }
 
-// inflightIDs lists the requests on the current process, for the log of its death.
+// inflightIDs lists the requests on the current process, and those its exit has already cut, for
+// the log of its death.
 func (m *Member) inflightIDs() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ids := make([]string, 0, len(m.inflight))
+	ids := make([]string, 0, len(m.inflight)+len(m.cut))
 	for id := range m.inflight {
 		ids = append(ids, id)
 	}
+	for id := range m.cut {
+		if _, ok := m.inflight[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	clear(m.cut)
 	sort.Strings(ids)
 	return ids
 }
@@ -327,6 +341,7 @@ func (m *Member) Run(ctx context.Context) {
 		life, end := context.WithCancelCause(context.Background())
 		m.mu.Lock()
 		m.inst, m.proc, m.life = inst, proc, life
+		clear(m.cut)
 		m.mu.Unlock()
 		m.set(func(s *tts.Status) {
 			s.State, s.PID, s.GPUs, s.Failures, s.LastError = tts.StateReady, proc.PID(), info.GPUs, 0, ""

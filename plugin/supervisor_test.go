@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -246,5 +247,50 @@ func TestInstanceEnvDropsPluginAndLogVariables(t *testing.T) {
 		if strings.HasPrefix(kv, "PLUGIN_UNIX_SOCKET_DIR=") || strings.HasPrefix(kv, LogLevelEnv+"=") {
 			t.Fatalf("%s inherited: %v", kv, env)
 		}
+	}
+}
+
+// A process killed with requests in flight (kill -9: the streams break at once, and the requests
+// learn of the exit before the supervisor's next look) logs the id of every one of them.
+func TestDeathLogNamesEveryRequestInFlight(t *testing.T) {
+	var fl *fakeLauncher
+	broken := make(chan struct{})
+	var started sync.WaitGroup
+	fl = &fakeLauncher{mk: func(i int) *tts.MockInstance {
+		f := okInstance()
+		f.SynthesizeF = func(ctx context.Context, req tts.Request, _ func(tts.Chunk) error) error {
+			if req.ID == "warmup" {
+				return nil
+			}
+			started.Done()
+			<-broken
+			return &tts.Error{Kind: tts.ErrNotReady, Msg: "error reading from server: EOF"}
+		}
+		return f
+	}}
+	m, logs := runMember(t, Backoff{Initial: time.Hour, Max: time.Hour, StartTimeout: time.Second}, fl)
+	waitFor(t, "ready", 5*time.Second, func() bool { return m.Status().State == tts.StateReady })
+	var want []string
+	errs := make(chan error, 8)
+	for i := range 8 {
+		id := fmt.Sprintf("req-%d", i)
+		want = append(want, id)
+		started.Add(1)
+		go func() {
+			errs <- m.Synthesize(context.Background(), tts.Request{ID: id}, func(tts.Chunk) error { return nil })
+		}()
+	}
+	started.Wait()
+	fl.proc(0).die("signal: killed")
+	close(broken)
+	for range 8 {
+		var died *DiedError
+		if err := <-errs; !errors.As(err, &died) {
+			t.Fatalf("a request on the killed process: %v", err)
+		}
+	}
+	waitFor(t, "death log", 5*time.Second, func() bool { return len(logs.attrs("instance died", "request_ids")) == 1 })
+	if got := logs.attrs("instance died", "request_ids")[0]; got != fmt.Sprint(want) {
+		t.Fatalf("death log request_ids %s, want %v", got, want)
 	}
 }

@@ -180,10 +180,11 @@ func (a *Admin) Handler(ctx *fasthttp.RequestCtx) {
 		}
 		switch action {
 		case "drain":
+			force := string(ctx.QueryArgs().Peek("force")) == "true"
 			cctx, stop := a.callContext(ctx)
 			defer stop()
 			dctx, cancel := context.WithTimeout(cctx, a.o.DrainTimeout)
-			err := g.Drain(dctx)
+			err := g.DrainUnlessLast(dctx, force)
 			cancel()
 			a.o.Logger.Info("group drained", "group", name, "error", err)
 			a.result(ctx, err, nil)

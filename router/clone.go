@@ -19,9 +19,11 @@ import (
 const DefaultMaxUploadBytes = 20 << 20
 
 // Bounds of a reference clip's length: a prompt needs some speech to copy a voice from, and its
-// speech tokens count against the model's prompt on every request that speaks in it.
+// speech tokens count against the model's prompt on every request that speaks in it. The minimum
+// is the instances' (which count speech once leading and trailing silence is trimmed), so that a
+// clip the router takes is not refused for its length by the model.
 const (
-	minClipSeconds = 1.0
+	minClipSeconds = 3.0
 	maxClipSeconds = 30.0
 )
 

@@ -138,14 +138,32 @@ func (g *Group) Resume() {
 // ErrLastReadyGroup refuses an operation that would leave no group serving.
 var ErrLastReadyGroup = errors.New("it is the last ready group; traffic would fail")
 
+// refuseLast is ErrLastReadyGroup when the group is the last ready one and force is not set; op
+// names the operation refused.
+func (g *Group) refuseLast(force bool, op string) error {
+	if !force && g.pool != nil && g.State() == tts.StateReady && !g.pool.otherReady(g) {
+		return fmt.Errorf("group %s: %w (use force to %s it anyway)", g.Name, ErrLastReadyGroup, op)
+	}
+	return nil
+}
+
+// DrainUnlessLast drains the group (Drain) unless it is the last ready group and force is not
+// set: an operator's drain must not stop all traffic by accident.
+func (g *Group) DrainUnlessLast(ctx context.Context, force bool) error {
+	if err := g.refuseLast(force, "drain"); err != nil {
+		return err
+	}
+	return g.Drain(ctx)
+}
+
 // Restart drains the group, replaces every instance process, waits until they are warmed up and
 // ready, and opens the group again. Unless force is set it refuses to take down the last ready
 // group.
 func (g *Group) Restart(ctx context.Context, drainTimeout time.Duration, force bool) error {
 	g.ops.Lock()
 	defer g.ops.Unlock()
-	if !force && g.pool != nil && g.State() == tts.StateReady && !g.pool.otherReady(g) {
-		return fmt.Errorf("group %s: %w (use force to restart it anyway)", g.Name, ErrLastReadyGroup)
+	if err := g.refuseLast(force, "restart"); err != nil {
+		return err
 	}
 	g.mu.Lock()
 	g.restarting = true

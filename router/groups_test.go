@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -117,5 +118,41 @@ func TestAbandonedRollingRestartStops(t *testing.T) {
 	time.Sleep(time.Second)
 	if a.restarted()+b.restarted() != 0 {
 		t.Fatalf("an abandoned rolling restart restarted g0 %d and g1 %d times", a.restarted(), b.restarted())
+	}
+}
+
+// An operator's drain of the last ready group is refused (409) unless forced: it would stop all
+// traffic.
+func TestDrainOfTheLastReadyGroupIsRefused(t *testing.T) {
+	a, b := newStateMember(tts.StateReady), newStateMember(tts.StateReady)
+	pool := twoGroups(t, a, b)
+	admin := NewAdmin(AdminOptions{Pool: pool, Token: "tok", DrainTimeout: time.Second})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go admin.Serve(ln)
+	t.Cleanup(func() { admin.Shutdown(context.Background()) })
+	drain := func(path string) int {
+		req, _ := http.NewRequest("POST", "http://"+ln.Addr().String()+path, nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := drain("/admin/groups/g1/drain"); s != 200 {
+		t.Fatalf("drain of g1 with g0 ready: %d", s)
+	}
+	if s := drain("/admin/groups/g0/drain"); s != http.StatusConflict {
+		t.Fatalf("drain of the last ready group: %d, want 409", s)
+	}
+	if s := pool.Group("g0").State(); s != tts.StateReady {
+		t.Fatalf("the refused group is %s", s)
+	}
+	if s := drain("/admin/groups/g0/drain?force=true"); s != 200 {
+		t.Fatalf("forced drain: %d", s)
 	}
 }

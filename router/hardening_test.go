@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fasthttp/websocket"
+
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -213,5 +215,65 @@ func TestSlowReaderIsCutAfterWriteTimeout(t *testing.T) {
 	b, err := io.ReadAll(bufio.NewReader(resp.Body))
 	if err != nil || len(b) != 8*480*2 {
 		t.Fatalf("long stream: %d bytes, %v", len(b), err)
+	}
+}
+
+// A WebSocket client that stops reading is cut after the write timeout, as an HTTP client is:
+// its segment's synthesis is cancelled and the slot freed, long before request_timeout.
+func TestRealtimeNonReaderIsCutAfterWriteTimeout(t *testing.T) {
+	e := &endless{cancelled: make(chan int, 1)}
+	addr := serveOpts(t, QueueOptions{Size: 0, Timeout: time.Second}, 300*time.Millisecond, ready("a", e, 1))
+	d := websocket.Dialer{HandshakeTimeout: 5 * time.Second, NetDialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err == nil {
+			c.(*net.TCPConn).SetReadBuffer(4096)
+		}
+		return c, err
+	}}
+	c, _, err := d.Dial("ws://"+addr+RealtimePath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	wsSend(t, c, obj{"type": "session.config"})
+	wsSend(t, c, obj{"type": "input.text", "text": "never read.", "flush": true})
+	start := time.Now()
+	select {
+	case n := <-e.cancelled:
+		t.Logf("cut after %v, %d chunks of 96 kB emitted", time.Since(start).Round(10*time.Millisecond), n)
+		// The session's queue holds wsSendQueue messages; beyond it, the stream's own buffer and
+		// the capped kernel buffers.
+		if n > wsSendQueue+64 {
+			t.Errorf("%d chunks (%d kB) left before the writes blocked", n, n*96)
+		}
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("cut after %v with a write timeout of 300ms", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the synthesis for a WebSocket client that never reads was not cancelled")
+	}
+}
+
+// While the server shuts down, a request whose instance was stopped under it (a second signal
+// stops the instances at once) is answered 503, which clients retry elsewhere, not 502; before
+// the shutdown the same failure is the instance's (502).
+func TestStoppedInstanceDuringShutdownIs503(t *testing.T) {
+	stopped := &fakeSynth{fail: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance g0/0 was stopped"}}
+	pool := NewPool(Model{Name: "tiny", SampleRate: 24000, Voices: []string{"default"}}, QueueOptions{})
+	pool.Add(ready("a", stopped, 4))
+	srv := New(Options{Pool: pool, MaxInputChars: 50, RequestTimeout: time.Minute})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Shutdown(context.Background()) })
+	url := "http://" + ln.Addr().String()
+	if resp, body := post(t, url, `{"input":"hi"}`); resp.StatusCode != 502 {
+		t.Fatalf("serving: %d %s, want 502", resp.StatusCode, body)
+	}
+	srv.SetDraining()
+	if resp, body := post(t, url, `{"input":"hi"}`); resp.StatusCode != 503 || !strings.Contains(string(body), "shutting down") {
+		t.Fatalf("shutting down: %d %s, want 503", resp.StatusCode, body)
 	}
 }

@@ -139,7 +139,8 @@ func (s *Server) readUpload(ctx *fasthttp.RequestCtx) (*voiceUpload, *apiError) 
 		dec := json.NewDecoder(strings.NewReader(string(ctx.PostBody())))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&u); err != nil {
-			return nil, invalid("", "request body is not valid JSON of {name, text, consent, audio}: "+excerpt(err.Error()))
+			field, msg := jsonProblem(err)
+			return nil, invalid(field, "request body, JSON of {name, text, consent, audio}: "+msg)
 		}
 		if u.Audio == "" {
 			return nil, invalid("audio", "audio is required: the reference clip, base64")

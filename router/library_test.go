@@ -37,7 +37,7 @@ func newCloner(extractErr error) *cloner {
 	c := &cloner{prompts: make(chan *tts.VoicePrompt, 16)}
 	c.ExtractF = func(_ context.Context, clip tts.VoiceClip) (tts.VoicePrompt, error) {
 		c.clips.Add(1)
-		if clip.SampleRate != 16000 || len(clip.PCM) != 32000 || clip.Text == "" {
+		if clip.SampleRate != 16000 || len(clip.PCM) != 48000 || clip.Text == "" {
 			return tts.VoicePrompt{}, tts.Invalid("unexpected clip")
 		}
 		return fixedPrompt, extractErr
@@ -126,13 +126,13 @@ func TestVoiceLibraryLifecycle(t *testing.T) {
 	c := newCloner(nil)
 	url := serveLibrary(t, dir, c, nil)
 
-	resp, body := createVoice(t, url, anna(), wav16(16000, 2), nil)
+	resp, body := createVoice(t, url, anna(), wav16(16000, 3), nil)
 	if resp.StatusCode != http.StatusCreated {
 		t.Fatalf("create: %d %s", resp.StatusCode, body)
 	}
 	var v voiceView
 	json.Unmarshal(body, &v)
-	if v.Name != "anna" || v.Type != "cloned" || v.Text != "Hello, this is Anna." || v.Seconds != 2 || v.Tokens != 3 || v.SampleRate != 16000 || v.CreatedAt.IsZero() {
+	if v.Name != "anna" || v.Type != "cloned" || v.Text != "Hello, this is Anna." || v.Seconds != 3 || v.Tokens != 3 || v.SampleRate != 16000 || v.CreatedAt.IsZero() {
 		t.Fatalf("created %s", body)
 	}
 
@@ -194,14 +194,14 @@ func TestCreateVoiceJSON(t *testing.T) {
 	c := newCloner(nil)
 	url := serveLibrary(t, t.TempDir(), c, nil)
 	body, _ := json.Marshal(map[string]string{"name": "bob-2", "text": "Hi there.", "consent": "Bob agreed.",
-		"audio": base64.StdEncoding.EncodeToString(wav16(16000, 2))})
+		"audio": base64.StdEncoding.EncodeToString(wav16(16000, 3))})
 	resp, b := do(t, "POST", url+"/v1/audio/voices", string(body), map[string]string{"Content-Type": "application/json"})
 	if resp.StatusCode != http.StatusCreated || !strings.Contains(string(b), `"name":"bob-2"`) {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	// A data: URL is taken too.
 	body, _ = json.Marshal(map[string]string{"name": "bob-3", "text": "Hi there.", "consent": "Bob agreed.",
-		"audio": "data:audio/wav;base64," + base64.StdEncoding.EncodeToString(wav16(16000, 2))})
+		"audio": "data:audio/wav;base64," + base64.StdEncoding.EncodeToString(wav16(16000, 3))})
 	if resp, b := do(t, "POST", url+"/v1/audio/voices", string(body), map[string]string{"Content-Type": "application/json"}); resp.StatusCode != http.StatusCreated {
 		t.Fatalf("data URL: %d %s", resp.StatusCode, b)
 	}
@@ -211,7 +211,7 @@ func TestCreateVoiceErrors(t *testing.T) {
 	dir := t.TempDir()
 	c := newCloner(nil)
 	url := serveLibrary(t, dir, c, func(o *Options) { o.MaxUploadBytes = 100 << 10 })
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 201 {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	with := func(k, v string) map[string]string {
@@ -226,16 +226,17 @@ func TestCreateVoiceErrors(t *testing.T) {
 		status int
 		want   string
 	}{
-		{"clash", anna(), wav16(16000, 2), 409, "exists"},
-		{"clash with a built-in voice", with("name", "Default"), wav16(16000, 2), 409, "built-in"},
-		{"clash with an OpenAI name", with("name", "alloy"), wav16(16000, 2), 409, "built-in"},
-		{"bad name", with("name", "a b"), wav16(16000, 2), 400, "name"},
-		{"no consent", with("consent", ""), wav16(16000, 2), 400, "consent is required"},
-		{"no text", with("text", ""), wav16(16000, 2), 400, "text is required"},
+		{"clash", anna(), wav16(16000, 3), 409, "exists"},
+		{"clash with a built-in voice", with("name", "Default"), wav16(16000, 3), 409, "built-in"},
+		{"clash with an OpenAI name", with("name", "alloy"), wav16(16000, 3), 409, "built-in"},
+		{"bad name", with("name", "a b"), wav16(16000, 3), 400, "name"},
+		{"no consent", with("consent", ""), wav16(16000, 3), 400, "consent is required"},
+		{"no text", with("text", ""), wav16(16000, 3), 400, "text is required"},
 		{"no file", with("name", "x1"), nil, 400, "file is required"},
 		{"oversized", with("name", "x2"), wav16(16000, 4), 413, "limit is 102400"},
 		{"not audio", with("name", "x3"), []byte("RIFF....WAVEjunkjunkjunk"), 400, "cannot be read"},
 		{"too short", with("name", "x4"), wav16(16000, 0.5), 400, "0.50 seconds"},
+		{"shorter than the instances take", with("name", "x5"), wav16(16000, 2.5), 400, "the clip is 2.50 seconds; use 3 to 30 seconds"},
 	} {
 		resp, b := createVoice(t, url, tc.fields, tc.file, nil)
 		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.want) {
@@ -248,7 +249,7 @@ func TestCreateVoiceErrors(t *testing.T) {
 	// An instance that refuses the clip: 400, and nothing is saved.
 	bad := newCloner(tts.Invalid("the clip has no speech"))
 	url = serveLibrary(t, dir, bad, nil)
-	resp, b := createVoice(t, url, with("name", "quiet"), wav16(16000, 2), nil)
+	resp, b := createVoice(t, url, with("name", "quiet"), wav16(16000, 3), nil)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), "the clip has no speech") {
 		t.Fatalf("refused clip: %d %s", resp.StatusCode, b)
 	}
@@ -263,10 +264,10 @@ func TestCreateVoiceErrors(t *testing.T) {
 func TestCloningNeedsAModelThatClones(t *testing.T) {
 	lib, _ := library.Open(library.Options{Dir: t.TempDir(), MaxEntries: 4, MaxBytes: 1 << 20})
 	url, _ := serveWith(t, tinyModel, func(o *Options) { o.Voices = lib }, ready("i0", newCloner(nil), 4))
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 501 || !strings.Contains(string(b), "cannot clone") {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 501 || !strings.Contains(string(b), "cannot clone") {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
-	ref := base64.StdEncoding.EncodeToString(wav16(16000, 2))
+	ref := base64.StdEncoding.EncodeToString(wav16(16000, 3))
 	if resp, b := speak(t, url, `{"input":"hi","ref_audio":"`+ref+`","ref_text":"hello"}`); resp.StatusCode != 501 || !strings.Contains(string(b), "cannot clone") {
 		t.Fatalf("ref_audio: %d %s", resp.StatusCode, b)
 	}
@@ -280,18 +281,18 @@ func TestVoiceAuth(t *testing.T) {
 		o.VoiceKeys = map[string]struct{}{"sk-voices": {}}
 	})
 	bearer := func(k string) map[string]string { return map[string]string{"Authorization": "Bearer " + k} }
-	if resp, _ := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 401 {
+	if resp, _ := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 401 {
 		t.Fatalf("no key: %d", resp.StatusCode)
 	}
-	if resp, _ := createVoice(t, url, anna(), wav16(16000, 2), bearer("sk-speak")); resp.StatusCode != 403 {
+	if resp, _ := createVoice(t, url, anna(), wav16(16000, 3), bearer("sk-speak")); resp.StatusCode != 403 {
 		t.Fatalf("a key without the right: %d", resp.StatusCode)
 	}
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), bearer("admin-token-0123456789")); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), bearer("admin-token-0123456789")); resp.StatusCode != 201 {
 		t.Fatalf("admin token: %d %s", resp.StatusCode, b)
 	}
 	f := anna()
 	f["name"] = "anna2"
-	if resp, b := createVoice(t, url, f, wav16(16000, 2), bearer("sk-voices")); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, f, wav16(16000, 3), bearer("sk-voices")); resp.StatusCode != 201 {
 		t.Fatalf("a key with the right: %d %s", resp.StatusCode, b)
 	}
 	// Every key may list, read and speak; only the admin token and voices keys delete.
@@ -311,10 +312,10 @@ func TestVoiceAuth(t *testing.T) {
 
 	// Only an admin token, no API keys: speech is open, voices need the token.
 	url = serveLibrary(t, t.TempDir(), c, func(o *Options) { o.AdminToken = "admin-token-0123456789" })
-	if resp, _ := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 401 {
+	if resp, _ := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 401 {
 		t.Fatalf("no token: %d", resp.StatusCode)
 	}
-	if resp, _ := createVoice(t, url, anna(), wav16(16000, 2), bearer("admin-token-0123456789")); resp.StatusCode != 201 {
+	if resp, _ := createVoice(t, url, anna(), wav16(16000, 3), bearer("admin-token-0123456789")); resp.StatusCode != 201 {
 		t.Fatalf("token: %d", resp.StatusCode)
 	}
 }
@@ -336,7 +337,7 @@ func TestDiedMidWriteLeavesNoVoice(t *testing.T) {
 	if _, err := os.Stat(half); !os.IsNotExist(err) {
 		t.Fatalf("working folder kept: %v", err)
 	}
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 201 {
 		t.Fatalf("create after: %d %s", resp.StatusCode, b)
 	}
 }
@@ -345,7 +346,7 @@ func TestRefAudio(t *testing.T) {
 	dir := t.TempDir()
 	c := newCloner(nil)
 	url := serveLibrary(t, dir, c, nil)
-	ref := base64.StdEncoding.EncodeToString(wav16(16000, 2))
+	ref := base64.StdEncoding.EncodeToString(wav16(16000, 3))
 	resp, b := speak(t, url, `{"input":"hi","voice":"alloy","response_format":"pcm","ref_audio":"`+ref+`","ref_text":"Hello, this is Anna."}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("ad hoc: %d %s", resp.StatusCode, b)
@@ -356,7 +357,7 @@ func TestRefAudio(t *testing.T) {
 	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
 		t.Fatalf("an ad hoc voice was saved: %v", ents)
 	}
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 201 {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	for _, tc := range []struct{ body, want string }{
@@ -374,7 +375,7 @@ func TestRefAudio(t *testing.T) {
 
 func TestNoLibrary(t *testing.T) {
 	url, _ := serveWith(t, cloningModel, nil, ready("i0", newCloner(nil), 4))
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 501 || !strings.Contains(string(b), "voices.dir") {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 501 || !strings.Contains(string(b), "voices.dir") {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	if resp, _ := do(t, "GET", url+"/v1/audio/voices/anna", "", nil); resp.StatusCode != 404 {

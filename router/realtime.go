@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -47,6 +48,11 @@ const (
 	pingEvery   = 30 * time.Second
 	idleTimeout = 75 * time.Second
 )
+
+// wsSendQueue bounds the messages a session has waiting for the socket; with the kernel's send
+// buffer capped (streamSendBuffer), a client that stops reading blocks the writer after that
+// much, and the write deadline (write_timeout) then ends its session.
+const wsSendQueue = 64
 
 // maxQueuedSegments bounds the segments a context may have waiting, so a client that sends text
 // far faster than it is spoken is told so instead of growing the server's memory.
@@ -176,7 +182,7 @@ func (s *Server) newSession(conn *websocket.Conn, id string) *wsSession {
 	o := s.o.Realtime.withDefaults(s.o.MaxInputChars)
 	return &wsSession{s: s, conn: conn, id: id, log: s.o.Logger.With("request_id", id, "route", RealtimePath),
 		opt: o, seg: segmenter{minChars: o.MinChars, maxChars: o.MaxChars},
-		ctx: ctx, cancel: cancel, out: make(chan wsOut, 64), contexts: map[string]*wsContext{}}
+		ctx: ctx, cancel: cancel, out: make(chan wsOut, wsSendQueue), contexts: map[string]*wsContext{}}
 }
 
 func (ss *wsSession) serve() {
@@ -190,6 +196,11 @@ func (ss *wsSession) serve() {
 	}()
 	// The server's read timeout was for the HTTP request; from now on the pings keep it alive.
 	_ = ss.conn.NetConn().SetDeadline(time.Time{})
+	if tc, ok := ss.conn.NetConn().(*net.TCPConn); ok {
+		// As for an HTTP stream: a client that stops reading blocks the writes after at most this
+		// much audio, and write_timeout starts counting.
+		_ = tc.SetWriteBuffer(streamSendBuffer)
+	}
 	alive := func() { _ = ss.conn.SetReadDeadline(time.Now().Add(idleTimeout)) }
 	alive()
 	ss.conn.SetPongHandler(func(string) error { alive(); return nil })
@@ -261,14 +272,14 @@ func (ss *wsSession) writer() {
 		}
 		if o.json != nil {
 			b, _ := json.Marshal(o.json)
-			if err := ss.conn.WriteMessage(websocket.TextMessage, b); err != nil {
-				ss.cancel()
+			if err := ss.write(websocket.TextMessage, b); err != nil {
+				ss.cut(err)
 				return
 			}
 		}
 		if o.bin != nil {
-			if err := ss.conn.WriteMessage(websocket.BinaryMessage, o.bin); err != nil {
-				ss.cancel()
+			if err := ss.write(websocket.BinaryMessage, o.bin); err != nil {
+				ss.cut(err)
 				return
 			}
 		}
@@ -280,6 +291,22 @@ func (ss *wsSession) writer() {
 			return
 		}
 	}
+}
+
+// write sends one message, within write_timeout as every write to an HTTP client.
+func (ss *wsSession) write(mt int, b []byte) error {
+	if d := ss.s.o.WriteTimeout; d > 0 {
+		_ = ss.conn.SetWriteDeadline(time.Now().Add(d))
+	}
+	return ss.conn.WriteMessage(mt, b)
+}
+
+// cut ends a session whose client left or stopped reading: its requests are cancelled (their
+// slots freed) and the read loop ends now rather than at idleTimeout.
+func (ss *wsSession) cut(err error) {
+	ss.log.Info("speech stream", "outcome", "client_gone", "error", excerptN(err.Error(), 200))
+	ss.cancel()
+	_ = ss.conn.NetConn().SetReadDeadline(time.Now())
 }
 
 func (ss *wsSession) send(o wsOut) {
@@ -320,7 +347,8 @@ func (ss *wsSession) failAPI(e *apiError) {
 func (ss *wsSession) handle(data []byte) {
 	var m wsIn
 	if err := json.Unmarshal(data, &m); err != nil {
-		ss.fail(nil, "invalid_message", "message is not valid JSON: "+err.Error())
+		_, msg := jsonProblem(err)
+		ss.fail(nil, "invalid_message", "message: "+msg)
 		return
 	}
 	if !ss.configured && m.Type != "session.config" {
@@ -347,7 +375,7 @@ func (ss *wsSession) handle(data []byte) {
 			return
 		}
 		if c.ending {
-			ss.fail(c, "context_closing", fmt.Sprintf("input.done was sent for context %q; its audio is finishing, use another context_id", c.id))
+			ss.fail(c, "context_closing", fmt.Sprintf("input.done was sent for context %q; its audio is finishing, use another context_id", excerpt(c.id)))
 			return
 		}
 		switch m.Type {
@@ -383,7 +411,7 @@ func (ss *wsSession) handle(data []byte) {
 			ss.send(wsOut{json: map[string]string{"type": "session.done"}, close: true})
 		}()
 	default:
-		ss.fail(nil, "invalid_message", fmt.Sprintf("unknown message type %q", m.Type))
+		ss.fail(nil, "invalid_message", fmt.Sprintf("unknown message type %q", excerpt(m.Type)))
 	}
 }
 
@@ -394,7 +422,7 @@ func (ss *wsSession) config(m wsIn) {
 	}
 	model := ss.s.o.Pool.Model()
 	if m.Model != "" && m.Model != model.Name && !slices.Contains(ss.s.o.ModelAliases, m.Model) {
-		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", m.Model, model.Name))
+		ss.fail(nil, "model_not_found", fmt.Sprintf("model %q is not served here; use %q", excerpt(m.Model), model.Name))
 		return
 	}
 	voice, prompt, aerr := ss.s.resolveVoice(m.Voice)
@@ -412,7 +440,7 @@ func (ss *wsSession) config(m wsIn) {
 		format = "pcm"
 	}
 	if audio.ContentType(format) == "" {
-		ss.fail(nil, "invalid_response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", format, strings.Join(audio.Formats(), ", ")))
+		ss.fail(nil, "invalid_response_format", fmt.Sprintf("response_format %q is not supported; use one of %s", excerpt(format), strings.Join(audio.Formats(), ", ")))
 		return
 	}
 	rate := audio.PCMRate
@@ -433,7 +461,7 @@ func (ss *wsSession) config(m wsIn) {
 		binary = true
 	case "base64":
 	default:
-		ss.fail(nil, "invalid_audio_encoding", fmt.Sprintf("audio_encoding %q is not binary or base64", m.AudioEncoding))
+		ss.fail(nil, "invalid_audio_encoding", fmt.Sprintf("audio_encoding %q is not binary or base64", excerpt(m.AudioEncoding)))
 		return
 	}
 	if clip != nil {
@@ -450,7 +478,7 @@ func (ss *wsSession) config(m wsIn) {
 			return
 		}
 		ss.log.Info("speech stream", "stage", "ref_audio", "ms", time.Since(start).Milliseconds())
-		prompt = p
+		prompt, voice = p, refAudioVoice
 	}
 	if m.Seed != nil {
 		ss.seed = *m.Seed
@@ -466,6 +494,10 @@ func (ss *wsSession) config(m wsIn) {
 	}
 	ss.send(wsOut{json: created})
 }
+
+// refAudioVoice is the voice session.created names for a session that speaks in a voice cloned
+// from its ref_audio.
+const refAudioVoice = "ref_audio"
 
 // contextLocked finds or opens the context id ("" is "default").
 func (ss *wsSession) contextLocked(id string) (*wsContext, error) {
@@ -492,7 +524,7 @@ func (ss *wsSession) closeContextLocked(id string) {
 	}
 	c := ss.contexts[id]
 	if c == nil {
-		ss.fail(nil, "context_not_found", fmt.Sprintf("context %q is not open", id))
+		ss.fail(nil, "context_not_found", fmt.Sprintf("context %q is not open", excerpt(id)))
 		return
 	}
 	// Closed before the cancel, so the writer drops whatever of it is still on the way.
@@ -677,6 +709,7 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		}
 		b, err := enc.write(ch.PCM)
 		if err != nil {
+			c.seconds += float64(samples) / float64(rate)
 			ss.fail(c, "encoder_error", err.Error())
 			return
 		}
@@ -698,7 +731,9 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		return
 	}
 	if st.err != nil || enc == nil {
-		e := synthError(st.err)
+		// The next segment's timestamps follow the audio of this one that was sent.
+		c.seconds += float64(samples) / float64(rate)
+		e := ss.s.synthError(st.err)
 		code := "synthesis_failed"
 		if e.Code != nil {
 			code = *e.Code
@@ -706,12 +741,13 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 		ss.fail(c, code, fmt.Sprintf("segment %d: %s", seg.index, e.Message))
 		return
 	}
+	end := c.seconds + float64(samples)/float64(rate)
 	tail, err := enc.close()
 	if err != nil {
+		c.seconds = end
 		ss.fail(c, "encoder_error", err.Error())
 		return
 	}
-	end := c.seconds + float64(samples)/float64(rate)
 	if len(tail) > 0 {
 		ss.sendAudio(c, wsAudioDelta{Type: "audio.delta", ContextID: c.id, SegmentIndex: seg.index, Start: round3(end), End: round3(end),
 			CharStart: seg.charBase + runes, CharEnd: seg.charBase + runes, Words: []Word{}}, tail)

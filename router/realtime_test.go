@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"reflect"
@@ -88,6 +90,7 @@ func wsDial(t *testing.T, base string, hdr http.Header, protocols ...string) *we
 
 type wsMsg struct {
 	Type         string  `json:"type"`
+	Voice        string  `json:"voice"`
 	ContextID    string  `json:"context_id"`
 	SegmentIndex int     `json:"segment_index"`
 	Text         string  `json:"text"`
@@ -418,11 +421,11 @@ func TestRealtimeRefAudio(t *testing.T) {
 	c := newCloner(nil)
 	const maxUpload = 100_000
 	url := serveLibrary(t, t.TempDir(), c, func(o *Options) { o.MaxUploadBytes = maxUpload })
-	if resp, b := createVoice(t, url, anna(), wav16(16000, 2), nil); resp.StatusCode != 201 {
+	if resp, b := createVoice(t, url, anna(), wav16(16000, 3), nil); resp.StatusCode != 201 {
 		t.Fatalf("create: %d %s", resp.StatusCode, b)
 	}
 	clips := c.clips.Load()
-	ref := base64.StdEncoding.EncodeToString(wav16(16000, 2))
+	ref := base64.StdEncoding.EncodeToString(wav16(16000, 3))
 	ws := wsDial(t, url, nil)
 	for _, tc := range []struct {
 		name        string
@@ -437,8 +440,8 @@ func TestRealtimeRefAudio(t *testing.T) {
 		{"not audio", obj{"ref_audio": base64.StdEncoding.EncodeToString([]byte("not audio")), "ref_text": "hello"}, "invalid_value", "ref_audio", "cannot be read"},
 		{"too short", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 0.5)), "ref_text": "hello"}, "invalid_value", "ref_audio", "the clip is 0.50 seconds"},
 		{"too large", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 4)), "ref_text": "hello"}, "file_too_large", "ref_audio", "the limit is 100000"},
-		// The mock instance refuses any clip but 2 s at 16 kHz: the instance's verdict.
-		{"refused by the instance", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(24000, 2)), "ref_text": "hello"}, "invalid_value", "ref_audio", "unexpected clip"},
+		// The mock instance refuses any clip but 3 s at 16 kHz: the instance's verdict.
+		{"refused by the instance", obj{"ref_audio": base64.StdEncoding.EncodeToString(wav16(8000, 4)), "ref_text": "hello"}, "invalid_value", "ref_audio", "unexpected clip"},
 	} {
 		tc.config["type"] = "session.config"
 		wsSend(t, ws, tc.config)
@@ -454,8 +457,8 @@ func TestRealtimeRefAudio(t *testing.T) {
 		t.Fatalf("a refused config configured the session: %+v", m)
 	}
 	wsSend(t, ws, obj{"type": "session.config", "voice": "alloy", "ref_audio": ref, "ref_text": "Hello, this is Anna."})
-	if m := wsRead(t, ws); m.Type != "session.created" {
-		t.Fatalf("session.config answered %+v", m)
+	if m := wsRead(t, ws); m.Type != "session.created" || m.Voice != "ref_audio" {
+		t.Fatalf("session.config answered %+v, want session.created naming the voice ref_audio", m)
 	}
 	if n := c.clips.Load() - clips; n != 2 {
 		t.Fatalf("the instance computed %d voices, want 2", n)
@@ -496,7 +499,7 @@ func TestRealtimeRefAudio(t *testing.T) {
 func TestRealtimeRefAudioNotCloning(t *testing.T) {
 	url := serveTest(t, ready("a", &fakeSynth{chunks: 1}, 4))
 	ws := wsDial(t, url, nil)
-	wsSend(t, ws, obj{"type": "session.config", "ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 2)), "ref_text": "hello"})
+	wsSend(t, ws, obj{"type": "session.config", "ref_audio": base64.StdEncoding.EncodeToString(wav16(16000, 3)), "ref_text": "hello"})
 	if m := wsRead(t, ws); m.Type != "error" || m.Code != "cloning_not_supported" || m.Param != "ref_audio" {
 		t.Fatalf("%+v, want cloning_not_supported", m)
 	}
@@ -505,5 +508,113 @@ func TestRealtimeRefAudioNotCloning(t *testing.T) {
 	_ = ws.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, _, err := ws.ReadMessage(); !websocket.IsCloseError(err, websocket.CloseMessageTooBig) {
 		t.Fatalf("session.config over %d bytes: %v, want close 1009", MaxBodyBytes, err)
+	}
+}
+
+// failFirstSynth speaks 3 chunks of 480 samples at 24 kHz, but fails a request whose text starts
+// with "First" after 2 of them.
+type failFirstSynth struct{}
+
+func (failFirstSynth) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) error {
+	for i := range 3 {
+		if i == 2 && strings.HasPrefix(req.Text, "First") {
+			return errors.New("instance crashed")
+		}
+		if err := emit(tts.Chunk{PCM: make([]float32, 480), SampleRate: 24000, Index: i}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// After a segment fails partway, the next segment's audio is placed after the part of the failed
+// one that was sent, so that a client's timeline stays continuous.
+func TestRealtimeTimestampsAfterFailedSegment(t *testing.T) {
+	url := serveTest(t, ready("a", failFirstSynth{}, 4))
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config", "response_format": "pcm"})
+	if m := wsRead(t, c); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	wsSend(t, c, obj{"type": "input.text", "text": "First one. Second one."})
+	wsSend(t, c, obj{"type": "input.done"})
+	var end float64 // where the audio sent so far ends
+	failed := false
+	for {
+		m := wsRead(t, c)
+		switch m.Type {
+		case "audio.delta":
+			if m.Start != end {
+				t.Fatalf("segment %d: audio.delta starts at %v, want %v (where the audio sent so far ends)", m.SegmentIndex, m.Start, end)
+			}
+			end = m.End
+		case "error":
+			failed = true
+		}
+		if m.Type == "context.closed" {
+			break
+		}
+	}
+	if !failed || end != 0.1 {
+		t.Fatalf("failed %v, audio ends at %v: want the first segment failed and 5 chunks of 0.02 s sent", failed, end)
+	}
+}
+
+// Error messages quote a client's value as an excerpt and speak of JSON fields, not Go types, on
+// the WebSocket and over HTTP.
+func TestErrorTextQuotesExcerptsWithoutGoTypes(t *testing.T) {
+	url := serveTest(t, ready("a", &fakeSynth{chunks: 1}, 4))
+	huge := strings.Repeat("x", 200000)
+	clean := func(what, msg string, wants ...string) {
+		t.Helper()
+		if len(msg) > 400 {
+			t.Errorf("%s: a message of %d bytes", what, len(msg))
+		}
+		for _, bad := range []string{"Go ", "wsIn", "speechRequest", "struct", "*string", "uint64"} {
+			if strings.Contains(msg, bad) {
+				t.Errorf("%s: %q names a Go type (%q)", what, msg, bad)
+			}
+		}
+		for _, w := range wants {
+			if !strings.Contains(msg, w) {
+				t.Errorf("%s: %q does not say %q", what, msg, w)
+			}
+		}
+	}
+	c := wsDial(t, url, nil)
+	wsSend(t, c, obj{"type": "session.config", "sample_rate": "fast"})
+	m := wsRead(t, c)
+	clean("a string for an integer", m.Message, "sample_rate must be an integer, not string")
+	wsSend(t, c, obj{"type": "session.config", "response_format": huge})
+	m = wsRead(t, c)
+	clean("unknown format", m.Message, "response_format", "…")
+	wsSend(t, c, obj{"type": "session.config", "response_format": "pcm"})
+	if m := wsRead(t, c); m.Type != "session.created" {
+		t.Fatalf("session.config answered %+v", m)
+	}
+	wsSend(t, c, obj{"type": huge})
+	m = wsRead(t, c)
+	clean("unknown type", m.Message, "unknown message type", "…")
+	wsSend(t, c, obj{"type": "close_context", "context_id": huge})
+	m = wsRead(t, c)
+	clean("unknown context", m.Message, "is not open", "…")
+
+	for body, want := range map[string][]string{
+		`{"input": 5}`:                                  {"input must be a string, not number"},
+		`{"input": "hi", "speed": "fast"}`:              {"speed must be a number, not string"},
+		`{"input": "hi", "stream": 1}`:                  {"stream must be true or false, not number"},
+		`{"input": "hi",`:                               {"ends early"},
+		`{"input": "hi", "voice": ` + `"` + huge + `"}`: nil,
+		`{"model": "` + huge + `", "input": "hi"}`:      {"…"},
+	} {
+		resp, b := post(t, url, body)
+		var e struct {
+			Error struct{ Message, Param string } `json:"error"`
+		}
+		json.Unmarshal(b, &e)
+		if resp.StatusCode/100 != 4 {
+			t.Errorf("%.40s: status %d", body, resp.StatusCode)
+		}
+		clean(fmt.Sprintf("%.40s", body), e.Error.Message, want...)
 	}
 }

@@ -101,16 +101,18 @@ func New(o Options) *Server {
 	s.srv = &fasthttp.Server{
 		Handler: s.Handler,
 		Name:    "voxmux",
-		// Well over the API limits, so that fasthttp reads an oversized body whole and we answer
-		// 413 in OpenAI's shape; beyond this fasthttp's ErrorHandler answers and closes.
-		MaxRequestBodySize: max(16*MaxBodyBytes, 2*uploadBodyBytes(o.MaxUploadBytes)),
-		ReadBufferSize:     ReadBufferSize,
-		ErrorHandler:       s.readError,
-		ReadTimeout:        30 * time.Second,
-		WriteTimeout:       o.WriteTimeout,
-		IdleTimeout:        2 * time.Minute,
-		CloseOnShutdown:    true,
-		Logger:             connLogger{o.Logger},
+		// Bodies are read by the handler, after the API key and the route's limit are checked
+		// (body.go); fasthttp reads only their first 8 KiB, and parses no multipart form itself.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
+		MaxRequestBodySize:           max(MaxBodyBytes, uploadBodyBytes(o.MaxUploadBytes)),
+		ReadBufferSize:               ReadBufferSize,
+		ErrorHandler:                 s.readError,
+		ReadTimeout:                  30 * time.Second,
+		WriteTimeout:                 o.WriteTimeout,
+		IdleTimeout:                  2 * time.Minute,
+		CloseOnShutdown:              true,
+		Logger:                       connLogger{o.Logger},
 	}
 	return s
 }
@@ -158,8 +160,16 @@ func (s *Server) Handler(ctx *fasthttp.RequestCtx) {
 				"missing or incorrect API key: send Authorization: Bearer <key>"))
 			s.o.Logger.Info("request", "request_id", id, "route", route, "status", fasthttp.StatusUnauthorized, "error", "invalid_api_key")
 			s.o.RequestMetrics.request(route, fasthttp.StatusUnauthorized, "")
+			skipBody(ctx)
 			return
 		}
+	}
+	if e := readBody(ctx, s.bodyLimit(path)); e != nil {
+		writeError(ctx, e)
+		skipBody(ctx)
+		s.o.Logger.Info("request", "request_id", ctx.UserValue(userRequestID), "route", route, "status", e.Status, "error", *e.Code)
+		s.o.RequestMetrics.request(route, e.Status, "")
+		return
 	}
 	s.route(ctx, path)
 	format, _ := ctx.UserValue(userFormat).(string)

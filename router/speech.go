@@ -78,7 +78,8 @@ func (s *Server) parseSpeech(body []byte) (*speechJob, *apiError) {
 		if te := (*json.UnmarshalTypeError)(nil); errors.As(err, &te) && te.Field == "seed" {
 			return nil, invalid("seed", "seed must be an integer from 0 to 18446744073709551615")
 		}
-		return nil, invalid("", "request body is not valid JSON: "+excerpt(err.Error()))
+		field, msg := jsonProblem(err)
+		return nil, invalid(field, "request body: "+msg)
 	}
 	if dec.More() {
 		return nil, invalid("", "request body has data after the JSON object")
@@ -225,7 +226,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	}
 	if !ok {
 		cancel()
-		e := synthError(st.err)
+		e := s.synthError(st.err)
 		log.Warn("speech", "status", e.Status, "error", st.err, "total_ms", time.Since(start).Milliseconds())
 		s.recent.add(recentRequest{At: start, Status: e.Status, Format: job.format, Voice: job.req.Voice, Chars: chars,
 			TotalMillis: millis(time.Since(start)), Outcome: "error"})
@@ -562,6 +563,17 @@ func synthError(err error) *apiError {
 	// An instance the pool took as ready failed (ErrNotReady here is a process that died or is
 	// going away between the pool's pick and the call: a connection refused, for one).
 	return newError(fasthttp.StatusBadGateway, "server_error", "instance_error", "synthesis failed on the instance before any audio")
+}
+
+// synthError is synthError, except that while the server shuts down an instance that failed
+// without dying (stopped with the server, or already gone) is the shutdown's doing: 503, which
+// clients retry elsewhere, rather than 502.
+func (s *Server) synthError(err error) *apiError {
+	e := synthError(err)
+	if s.draining.Load() && e.Status == fasthttp.StatusBadGateway && !instanceDied(err) {
+		return newError(fasthttp.StatusServiceUnavailable, "server_error", "service_unavailable", "the server is shutting down; retry on another")
+	}
+	return e
 }
 
 // randomSeed is the seed of a request that names none.

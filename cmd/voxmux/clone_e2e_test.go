@@ -217,12 +217,13 @@ shutdown: {grace: 50ms}
 		t.Fatal("alice is listed after refused creates")
 	}
 
-	// Too short a clip: the instance's 400 names its length.
+	// Too short a clip: a 400 naming its length and the minimum (the router's, which is the
+	// instances').
 	code, b := uploadVoice(t, s.url, token, "shorty", m.short)
 	var e struct {
 		Error struct{ Message, Code, Param string }
 	}
-	if code != 400 || json.Unmarshal(b, &e) != nil || e.Error.Param != "file" || !strings.Contains(e.Error.Message, "(2.00 s in all)") {
+	if code != 400 || json.Unmarshal(b, &e) != nil || e.Error.Param != "file" || !strings.Contains(e.Error.Message, "2.00 seconds; use 3 to 30") {
 		t.Fatalf("create from a 2 s clip: %d %.300s; want 400 on file naming its length", code, b)
 	}
 

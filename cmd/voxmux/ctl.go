@@ -91,6 +91,7 @@ func ctlCmd() *cobra.Command {
 		},
 	}
 	restart.Flags().BoolVar(&force, "force", false, "restart the group even if it is the last ready one")
+	drain.Flags().BoolVar(&force, "force", false, "drain the group even if it is the last ready one")
 	cmd.AddCommand(groups, drain, resume, restart)
 	return cmd
 }

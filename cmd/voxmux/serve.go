@@ -249,7 +249,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	if len(apiKeys) > 0 {
 		auth = `-H "Authorization: Bearer $KEY" `
 	}
-	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav"}' -o out.wav`,
+	log.Info("ready", "try", fmt.Sprintf(`curl -s %s%s/v1/audio/speech -d '{"model":"%s","input":"Hello world.","voice":"%s","response_format":"wav","stream":false}' -o out.wav`,
 		auth, "http://"+ln.Addr().String(), model.Name, model.Voices[0]))
 
 	select {
@@ -273,6 +273,14 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	case <-time.After(cfg.Shutdown.Grace.Std()):
 	case <-sig:
 		log.Warn("second signal: stopping now")
+		// The listener closes before the instances stop, so that no request starts on an instance
+		// about to go (requests still in flight get 503, the shutdown's answer).
+		now, cancel := context.WithCancel(context.Background())
+		cancel()
+		srv.Shutdown(now)
+		if admin != nil {
+			admin.Shutdown(now)
+		}
 		stop()
 		return nil
 	}

@@ -3,6 +3,7 @@ package ort
 import (
 	"fmt"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 
@@ -28,6 +29,11 @@ func (o Options) Validate() error {
 	}
 	return nil
 }
+
+// TelemetryEnv, set to 1 in voxmux's environment, lets ONNX Runtime's telemetry run (its events,
+// a device id under $HOME/.cache/Microsoft/DeveloperTools and a debug log in the temp folder);
+// by default it is off.
+const TelemetryEnv = "VOXMUX_ORT_TELEMETRY"
 
 // Runtime owns the ONNX Runtime environment and the session options of one instance process,
 // on one device.
@@ -58,9 +64,24 @@ func New(cfg tts.LoadConfig, device int, o Options) (*Runtime, error) {
 		return nil, fmt.Errorf("onnxruntime: no library path given")
 	}
 	if !onnxrt.IsInitialized() {
+		telemetry := os.Getenv(TelemetryEnv) == "1"
+		if !telemetry {
+			// Read by the runtime when its environment is created: without it the runtime writes
+			// a device id and an event queue under $HOME/.cache/Microsoft and a mat-debug log in
+			// the temp folder, whatever DisableTelemetryEvents says later. cgo passes Setenv on
+			// to the C environment.
+			if err := os.Setenv("ORT_DISABLE_TELEMETRY", "1"); err != nil {
+				return nil, fmt.Errorf("onnxruntime: turn telemetry off: %w", err)
+			}
+		}
 		onnxrt.SetSharedLibraryPath(cfg.ORTLibrary)
 		if err := onnxrt.InitializeEnvironment(onnxrt.WithLogLevelError()); err != nil {
 			return nil, fmt.Errorf("onnxruntime: cannot load %s: %w", cfg.ORTLibrary, err)
+		}
+		if !telemetry {
+			if err := onnxrt.DisableTelemetry(); err != nil {
+				return nil, fmt.Errorf("onnxruntime: turn telemetry off: %w", err)
+			}
 		}
 	}
 	r := &Runtime{provider: cfg.Provider, device: device, library: cfg.ORTLibrary,
