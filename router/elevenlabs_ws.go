@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/fasthttp/websocket"
@@ -122,6 +123,7 @@ type elevenContext struct {
 
 	// Guarded by the session's mu.
 	buf     string
+	lead    string // whitespace taken from buf that the next segment's alignment starts with
 	queue   []*elevenSegment
 	nextIdx int
 	flushed int  // segments below this index were flushed: close_context still speaks them
@@ -460,19 +462,28 @@ func (ss *elevenSession) seg() segmenter {
 // client asked for (byClient) marks them flushed, which close_context keeps; realtime.idle_flush's
 // does not.
 func (ss *elevenSession) cutLocked(c *elevenContext, flush, byClient bool) {
+	before := c.buf
 	segs, rest := c.seg.split(c.buf, flush)
 	c.buf = rest
+	// The whitespace no segment speaks (between segments, or dropped by a flush) goes with the
+	// next segment's characters, so that a context's alignment spells its text.
+	consumed := before[:len(before)-len(rest)]
+	pos := 0
 	for _, raw := range segs {
 		if len(c.queue) >= maxQueuedSegments {
 			ss.fail(c, "context_full", fmt.Sprintf("%d segments wait to be spoken; text arrives faster than it is spoken", maxQueuedSegments))
-			c.buf = ""
+			c.buf, consumed, pos = "", "", 0
 			break
 		}
+		at := pos + strings.Index(consumed[pos:], raw)
 		text := strings.TrimSpace(raw)
-		lead := raw[:len(raw)-len(strings.TrimLeft(raw, " \t\r\n"))]
-		c.queue = append(c.queue, &elevenSegment{index: c.nextIdx, text: text, lead: lead})
+		start := at + len(raw) - len(strings.TrimLeftFunc(raw, unicode.IsSpace))
+		c.queue = append(c.queue, &elevenSegment{index: c.nextIdx, text: text, lead: c.lead + consumed[pos:start]})
+		c.lead = ""
 		c.nextIdx++
+		pos = start + len(text)
 	}
+	c.lead += consumed[pos:]
 	if flush && byClient {
 		c.flushed = c.nextIdx
 	}
