@@ -50,6 +50,17 @@ func parseElevenFormat(s string) (elevenFormat, error) {
 	return f, nil
 }
 
+// encodable tells whether this build can make f from PCM at rate (a build without FFmpeg makes
+// only pcm at the model's rate), so that a request is refused before any synthesis.
+func (f elevenFormat) encodable(rate int) error {
+	e, err := newElevenEncoder(f, rate, 1, io.Discard)
+	if err != nil {
+		return err
+	}
+	e.Abort()
+	return nil
+}
+
 // contentType is the Content-Type of an HTTP response in f.
 func (f elevenFormat) contentType() string {
 	switch f.codec {

@@ -237,6 +237,9 @@ func (s *Server) parseElevenSpeech(ctx *fasthttp.RequestCtx, voiceID string) (re
 		return bad("invalid_json", "request body is not valid JSON: "+excerpt(err.Error()))
 	}
 	f, err := parseElevenFormat(string(ctx.QueryArgs().Peek("output_format")))
+	if err == nil {
+		err = f.encodable(s.o.Pool.Model().SampleRate)
+	}
 	if err != nil {
 		return bad("invalid_output_format", err.Error())
 	}

@@ -153,6 +153,9 @@ func (s *Server) elevenSocket(ctx *fasthttp.RequestCtx, voiceID string, multi bo
 		return
 	}
 	format, err := parseElevenFormat(string(q.Peek("output_format")))
+	if err == nil {
+		err = format.encodable(s.o.Pool.Model().SampleRate)
+	}
 	if err != nil {
 		elevenError(ctx, fasthttp.StatusBadRequest, "invalid_output_format", err.Error())
 		return
