@@ -390,6 +390,9 @@ func (ss *elevenSession) handle(data []byte) {
 		return
 	}
 	c := ss.contexts[ctxKey(id)]
+	if c == nil && ss.multi && m.Text != nil && *m.Text == "" && !m.Flush {
+		return // a keep-alive of a context already closed opens nothing
+	}
 	if c == nil {
 		var err error
 		if c, err = ss.openLocked(ctxKey(id), &m); err != nil {
