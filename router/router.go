@@ -198,6 +198,9 @@ func routeOf(path string) string {
 	if strings.HasPrefix(path, "/status/") {
 		return "/"
 	}
+	if r := elevenRoute(path); r != "" {
+		return r
+	}
 	if slices.Contains(routes, path) {
 		return path
 	}
@@ -210,6 +213,12 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 		return true
 	}
 	key, ok := strings.CutPrefix(string(ctx.Request.Header.Peek("Authorization")), "Bearer ")
+	if !ok {
+		key, ok = elevenKey(ctx) // ElevenLabs' clients send xi-api-key
+	}
+	if !ok && elevenKeyLater(ctx) {
+		return true // its socket's first message carries the key (elevenlabs_ws.go)
+	}
 	if !ok {
 		// A browser's WebSocket cannot send headers; it offers its key as a subprotocol.
 		if key, ok = wsKey(ctx); !ok || string(ctx.Path()) != RealtimePath {
@@ -228,6 +237,9 @@ func (s *Server) authorized(ctx *fasthttp.RequestCtx) bool {
 }
 
 func (s *Server) route(ctx *fasthttp.RequestCtx, path string) {
+	if s.elevenLabs(ctx, path) {
+		return
+	}
 	switch {
 	case path == "/v1/audio/speech":
 		if !ctx.IsPost() {
