@@ -164,7 +164,7 @@ func (s *Server) elevenVoice(id string) (string, *tts.VoicePrompt, *apiError) {
 		id = ""
 	}
 	raw, _ := json.Marshal(id)
-	return s.pickVoice(raw)
+	return s.resolveVoice(raw)
 }
 
 // elevenSpeed checks voice_settings.speed (ElevenLabs takes 0.7 to 1.2); nil is 1.

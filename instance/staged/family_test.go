@@ -14,7 +14,7 @@ import (
 // The runner counts cancelled requests and its stages' runs, as the family opens it (one engine)
 // and as replicas over two engines (a group on two GPUs), which report as one.
 func TestRunnerReports(t *testing.T) {
-	req := tts.Request{Text: strings.Repeat("Streams are batched together at every stage. ", 3), Seed: 1}
+	req := tts.Request{Text: strings.Repeat("Streams are batched together at every stage. ", 6), Seed: 1}
 	cfg := tts.LoadConfig{Manifest: "../../models/tiny/pipeline.yaml", Provider: "cpu", ORTLibrary: ortLibrary(t)}
 	t.Run("one", func(t *testing.T) {
 		r, _, err := Family{}.Open(cfg)
@@ -22,7 +22,7 @@ func TestRunnerReports(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer r.Close()
-		enginetest.CheckCancelReport(t, r, req, 2)
+		enginetest.CheckCancelReport(t, r, req, 4)
 	})
 	t.Run("replicas", func(t *testing.T) {
 		r, err := engine.OpenReplicas(2, func(int) (*Engine, error) { return NewEngine(tinyPipeline(t)), nil })
@@ -34,7 +34,7 @@ func TestRunnerReports(t *testing.T) {
 			t.Fatalf("two devices opened %T, want replicas", r)
 		}
 		var _ instance.Runner = r
-		enginetest.CheckCancelReport(t, r, req, 2)
+		enginetest.CheckCancelReport(t, r, req, 4)
 	})
 }
 
