@@ -199,14 +199,21 @@ func setVoice(voice string) error {
 	return nil
 }
 
+// textSlack is how many zero bytes follow the text handed to espeak-ng.
+const textSlack = 16
+
 // Phonemize runs espeak-ng's clause splitter and phonemizer over text with the voice, and returns
 // every clause in order. Text with nothing espeak-ng can pronounce gives clauses with empty Phonemes.
 func (p *Phonemizer) Phonemize(voice, text string) ([]Clause, error) {
 	if strings.IndexByte(text, 0) >= 0 {
 		return nil, errors.New("text contains a NUL character")
 	}
-	ctext := C.CString(text)
+	// espeak-ng's clause reader looks a few bytes ahead of the character it decodes, past the
+	// string's NUL at its end (a read past a bare C.CString crashed the instance): the copy
+	// carries zero bytes of slack.
+	ctext := (*C.char)(C.calloc(C.size_t(len(text)+textSlack), 1))
 	defer C.free(unsafe.Pointer(ctext))
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(ctext)), len(text)), text)
 	base := uintptr(unsafe.Pointer(ctext))
 
 	lib.mu.Lock()
