@@ -3,6 +3,8 @@ package instance
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -49,6 +51,9 @@ type Family interface {
 type Families []Family
 
 func (fs Families) of(path string) (Family, error) {
+	if err := notAModel(path); err != nil {
+		return nil, err
+	}
 	for _, f := range fs {
 		if f.Claims(path) {
 			return f, nil
@@ -112,4 +117,32 @@ func (fs Families) OptionFamily(key string) string {
 		}
 	}
 	return strings.Join(names, "/")
+}
+
+// notAModel explains the folders users point model: at that no family serves as they are: an
+// export folder (its manifest is the model) and a published checkpoint directory (exported first).
+// Without it, the Piper family, which serves a folder of voices, would answer with a Piper error.
+func notAModel(path string) error {
+	if st, err := os.Stat(path); err != nil || !st.IsDir() {
+		return nil
+	}
+	has := func(names ...string) bool {
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(path, n)); err != nil {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case has("pipeline.yaml"):
+		return fmt.Errorf("model %s is an export folder: name its manifest, %s", path, filepath.Join(path, "pipeline.yaml"))
+	case has("cosyvoice3.yaml", "llm.pt"):
+		return fmt.Errorf("model %s is CosyVoice3's published directory, which voxmux serves once exported: "+
+			"/usr/bin/python3 -m scripts.cosyvoice3.export %s OUT, then model: OUT/pipeline.yaml (docs/cosyvoice3.md)", path, path)
+	case has("audiovae.pth", "config.json"):
+		return fmt.Errorf("model %s is VoxCPM's published directory, which voxmux serves once exported: "+
+			"/usr/bin/python3 -m scripts.voxcpm.export %s OUT, then model: OUT/pipeline.yaml (docs/voxcpm.md)", path, path)
+	}
+	return nil
 }

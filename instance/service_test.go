@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,4 +145,28 @@ func TestServiceWaitsBrieflyForASlot(t *testing.T) {
 		t.Fatalf("a slot held past the grace: %v, want busy", err)
 	}
 	close(hold)
+}
+
+// model: naming a folder that is not a model says what to name instead, not a Piper error: an
+// export folder's manifest, a published checkpoint's export command.
+func TestFamiliesExplainFolders(t *testing.T) {
+	for _, c := range []struct {
+		files []string
+		want  string
+	}{
+		{[]string{"pipeline.yaml", "step.onnx"}, "is an export folder: name its manifest"},
+		{[]string{"cosyvoice3.yaml", "llm.pt", "flow.pt"}, "scripts.cosyvoice3.export"},
+		{[]string{"audiovae.pth", "config.json", "model.safetensors"}, "scripts.voxcpm.export"},
+	} {
+		dir := t.TempDir()
+		for _, f := range c.files {
+			if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := families().Describe(dir)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "iper") {
+			t.Errorf("%v: %v, want an error saying %q", c.files, err, c.want)
+		}
+	}
 }
