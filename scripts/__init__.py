@@ -15,3 +15,17 @@ Each script runs as a module from the repository root, e.g.
 family's name alone, because the parity checks import the upstream `voxcpm` and `cosyvoice`
 packages under their own names.
 """
+
+import importlib.util as _util
+import sys as _sys
+
+# Another interpreter on PATH (a virtual environment, a distribution's own Python) may lack the
+# modules the scripts need; say which and where they come from rather than fail on an import deep
+# inside a network definition.
+_missing = [m for m in ("numpy", "torch", "onnx") if _util.find_spec(m) is None]
+if _missing:
+    raise SystemExit(
+        "voxmux's scripts need numpy, torch and onnx; %s has no %s. On Debian run them with "
+        "/usr/bin/python3 after `make deps` (python3-numpy python3-torch python3-onnx), or with an "
+        "interpreter that has them (a CUDA build of torch for --device cuda)."
+        % (_sys.executable, ", ".join(_missing)))
