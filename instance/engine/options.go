@@ -44,6 +44,17 @@ func ParseOptions(family string, section tts.EngineSection, dst any) error {
 	return nil
 }
 
+// Parse decodes section into a family's options O (ParseOptions) and checks them with their
+// Validate.
+func Parse[O interface{ Validate() error }](family string, section tts.EngineSection) (O, error) {
+	var o O
+	if err := ParseOptions(family, section, &o); err != nil {
+		var zero O
+		return zero, err
+	}
+	return o, o.Validate()
+}
+
 // OptionKeys lists the keys of the options struct v points to (or is), in the order of its fields.
 func OptionKeys(v any) []string {
 	t := reflect.TypeOf(v)

@@ -33,11 +33,7 @@ func (Family) OptionKeys() []string { return engine.OptionKeys(Options{}) }
 func (Family) ParseOptions(section tts.EngineSection) (any, error) { return parseOptions(section) }
 
 func parseOptions(section tts.EngineSection) (Options, error) {
-	var o Options
-	if err := engine.ParseOptions("piper", section, &o); err != nil {
-		return Options{}, err
-	}
-	return o, o.Validate()
+	return engine.Parse[Options]("piper", section)
 }
 
 // Validate checks every option; the error is a *tts.OptionError naming the first bad one.

@@ -151,11 +151,7 @@ func (Family) OptionKeys() []string { return engine.OptionKeys(Options{}) }
 func (Family) ParseOptions(section tts.EngineSection) (any, error) { return parseOptions(section) }
 
 func parseOptions(section tts.EngineSection) (Options, error) {
-	var o Options
-	if err := engine.ParseOptions("staged", section, &o); err != nil {
-		return Options{}, err
-	}
-	return o, o.Validate()
+	return engine.Parse[Options]("staged", section)
 }
 
 // Validate checks the options' ranges; the error is a *tts.OptionError naming the first bad one.

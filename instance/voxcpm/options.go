@@ -74,11 +74,7 @@ func (Family) OptionKeys() []string { return engine.OptionKeys(Options{}) }
 func (Family) ParseOptions(section tts.EngineSection) (any, error) { return parseOptions(section) }
 
 func parseOptions(section tts.EngineSection) (Options, error) {
-	var o Options
-	if err := engine.ParseOptions(Kind, section, &o); err != nil {
-		return Options{}, err
-	}
-	return o, o.Validate()
+	return engine.Parse[Options](Kind, section)
 }
 
 // Validate checks the options together; the error is a *tts.OptionError naming the first bad
