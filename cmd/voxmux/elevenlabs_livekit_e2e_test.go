@@ -1,14 +1,12 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 )
 
 // LiveKit Agents' ElevenLabs plugin (scripts/livekit-test, pinned in its package-lock.json),
@@ -20,19 +18,9 @@ import (
 // text not flushed.)
 func TestLiveKitElevenLabsPlugin(t *testing.T) {
 	needCommand(t, "node", "npm")
-	dir, _ := filepath.Abs("../../scripts/livekit-test")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	npm.Dir = dir
-	if out, err := npm.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-	}
-	listen := freePort(t)
-	cfg := writeConfig(t, listen, "  - name: cpu\n    instances: 1\n")
-	appendConfig(t, cfg, "api_keys:\n  env: VOXMUX_LK_KEYS\n")
+	dir, ctx := npmCI(t, "livekit-test")
 	const key = "sk-livekit-3"
-	s := startServe(t, cfg, listen, "VOXMUX_LK_KEYS="+key)
+	s := serveWithKey(t, "VOXMUX_LK_KEYS", key)
 
 	out := t.TempDir()
 	node := exec.CommandContext(ctx, "node", filepath.Join(dir, "livekit-test.mjs"), s.url+"/v1", "default", out)

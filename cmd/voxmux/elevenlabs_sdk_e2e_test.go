@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -9,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 type elevenSDKResults struct {
@@ -47,19 +45,9 @@ type elevenSDKResults struct {
 // the text with times that never go back, voices and models list, and errors carry their status.
 func TestElevenLabsNodeSDK(t *testing.T) {
 	needCommand(t, "node", "npm", "ffmpeg", "ffprobe")
-	dir, _ := filepath.Abs("../../scripts/elevenlabs-sdk-test")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	npm.Dir = dir
-	if out, err := npm.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-	}
-	listen := freePort(t)
-	cfg := writeConfig(t, listen, "  - name: cpu\n    instances: 1\n")
-	appendConfig(t, cfg, "api_keys:\n  env: VOXMUX_EL_SDK_KEYS\n")
+	dir, ctx := npmCI(t, "elevenlabs-sdk-test")
 	const key = "sk-eleven-sdk-7"
-	s := startServe(t, cfg, listen, "VOXMUX_EL_SDK_KEYS="+key)
+	s := serveWithKey(t, "VOXMUX_EL_SDK_KEYS", key)
 
 	out := t.TempDir()
 	node := exec.CommandContext(ctx, "node", filepath.Join(dir, "sdk-test.mjs"), s.url, out)

@@ -55,20 +55,9 @@ type sdkResults struct {
 // duration of the same speech as raw pcm (±10%).
 func TestOpenAINodeSDK(t *testing.T) {
 	needCommand(t, "node", "npm", "ffmpeg", "ffprobe")
-	dir, _ := filepath.Abs("../../scripts/sdk-test")
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
-	npm.Dir = dir
-	if out, err := npm.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
-	}
-
-	listen := freePort(t)
-	cfg := writeConfig(t, listen, "  - name: cpu\n    instances: 1\n")
-	appendConfig(t, cfg, "api_keys:\n  env: VOXMUX_SDK_KEYS\n")
+	dir, ctx := npmCI(t, "sdk-test")
 	const key = "sk-sdk-test-5b1e"
-	s := startServe(t, cfg, listen, "VOXMUX_SDK_KEYS="+key)
+	s := serveWithKey(t, "VOXMUX_SDK_KEYS", key)
 
 	out := t.TempDir()
 	node := exec.CommandContext(ctx, "node", filepath.Join(dir, "sdk-test.mjs"), s.url+"/v1", out)
@@ -161,4 +150,29 @@ func decodedSeconds(t *testing.T, file, format string) float64 {
 		t.Errorf("ffmpeg cannot decode %s cleanly: %v %s", file, err, stderr.String())
 	}
 	return float64(len(out)) / 2 / 24000
+}
+
+// npmCI installs the packages pinned in scripts/NAME (npm ci) and returns that folder and a
+// context that bounds the test's npm and node runs.
+func npmCI(t *testing.T, name string) (string, context.Context) {
+	t.Helper()
+	dir, _ := filepath.Abs("../../scripts/" + name)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	npm := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund", "--loglevel=error")
+	npm.Dir = dir
+	if out, err := npm.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", dir, err, out)
+	}
+	return dir, ctx
+}
+
+// serveWithKey runs `voxmux serve` on the tiny model, one CPU instance, accepting the API key
+// key from the environment variable env.
+func serveWithKey(t *testing.T, env, key string) *server {
+	t.Helper()
+	listen := freePort(t)
+	cfg := writeConfig(t, listen, "  - name: cpu\n    instances: 1\n")
+	appendConfig(t, cfg, "api_keys:\n  env: "+env+"\n")
+	return startServe(t, cfg, listen, env+"="+key)
 }
