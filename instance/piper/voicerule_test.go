@@ -1,11 +1,9 @@
 package piper
 
 import (
-	"context"
-	"errors"
-	"strings"
 	"testing"
 
+	"github.com/voxmux/voxmux/instance/engine/enginetest"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -23,17 +21,6 @@ func TestPiperVoiceRule(t *testing.T) {
 		{tts.Request{Text: "Hi.", Voice: "ALICE"}, append([]string{`"ALICE"`}, d.Voices...)}, // names are exact here
 		{tts.Request{Text: "Hi.", Voice: "alice", Prompt: staged}, []string{"staged family", "piper family"}},
 	} {
-		emitted := 0
-		err := r.Synthesize(context.Background(), c.req, func(tts.Chunk) error { emitted++; return nil })
-		var ie *tts.Error
-		if !errors.As(err, &ie) || ie.Kind != tts.ErrInvalid || ie.Param != "voice" || emitted != 0 {
-			t.Errorf("voice %q, prompt %v: %#v and %d chunks; want an invalid request about voice", c.req.Voice, c.req.Prompt != nil, err, emitted)
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(ie.Msg, w) {
-				t.Errorf("voice %q: %q does not say %s", c.req.Voice, ie.Msg, w)
-			}
-		}
+		enginetest.CheckVoiceRefused(t, r, c.req, c.want...)
 	}
 }

@@ -1,11 +1,9 @@
 package staged
 
 import (
-	"context"
-	"errors"
-	"strings"
 	"testing"
 
+	"github.com/voxmux/voxmux/instance/engine/enginetest"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -23,18 +21,7 @@ func TestStagedVoiceRule(t *testing.T) {
 		{tts.Request{Text: "hi", Voice: "alloy"}, append([]string{`"alloy"`, `"tiny"`}, e.p.m.Voices...)},
 		{tts.Request{Text: "hi", Prompt: latent}, []string{"voxcpm family", "staged family"}},
 	} {
-		emitted := 0
-		err := e.Synthesize(context.Background(), c.req, func(tts.Chunk) error { emitted++; return nil })
-		var ie *tts.Error
-		if !errors.As(err, &ie) || ie.Kind != tts.ErrInvalid || ie.Param != "voice" || emitted != 0 {
-			t.Errorf("voice %q, prompt %v: %#v and %d chunks; want an invalid request about voice", c.req.Voice, c.req.Prompt != nil, err, emitted)
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(ie.Msg, w) {
-				t.Errorf("voice %q: %q does not say %s", c.req.Voice, ie.Msg, w)
-			}
-		}
+		enginetest.CheckVoiceRefused(t, e, c.req, c.want...)
 	}
 	// The model's voice and the empty name (its first) speak.
 	for _, v := range []string{"", e.p.m.Voices[0]} {

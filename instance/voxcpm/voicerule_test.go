@@ -1,10 +1,9 @@
 package voxcpm
 
 import (
-	"errors"
-	"strings"
 	"testing"
 
+	"github.com/voxmux/voxmux/instance/engine/enginetest"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -23,17 +22,7 @@ func TestVoxCPMVoiceRule(t *testing.T) {
 		{tts.Request{Text: "hi", Voice: "alloy"}, append([]string{`"alloy"`}, d.Voices...)},
 		{tts.Request{Text: "hi", Prompt: staged}, []string{"staged family", "voxcpm family"}},
 	} {
-		r := run(t, e, c.req)
-		var ie *tts.Error
-		if !errors.As(r.err, &ie) || ie.Kind != tts.ErrInvalid || ie.Param != "voice" || len(r.chunks) != 0 {
-			t.Errorf("voice %q, prompt %v: %#v and %d chunks; want an invalid request about voice", c.req.Voice, c.req.Prompt != nil, r.err, len(r.chunks))
-			continue
-		}
-		for _, w := range c.want {
-			if !strings.Contains(ie.Msg, w) {
-				t.Errorf("voice %q: %q does not say %s", c.req.Voice, ie.Msg, w)
-			}
-		}
+		enginetest.CheckVoiceRefused(t, e, c.req, c.want...)
 	}
 	for _, v := range d.Voices[:1] {
 		if r := run(t, e, tts.Request{Text: "hi", Voice: v, Seed: 1}); r.err != nil || len(r.chunks) == 0 {

@@ -5,6 +5,7 @@ package enginetest
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,5 +81,23 @@ func CheckCancelReport(t *testing.T, r Runner, req tts.Request, n int) {
 	}
 	if runs == 0 {
 		t.Errorf("stages %+v counted no runs for %d requests", rep.Stages, n)
+	}
+}
+
+// CheckVoiceRefused runs req on r and checks the one rule for voices (tts.Request.Voice): an
+// invalid request about the voice, no audio, and a message saying each of want.
+func CheckVoiceRefused(t *testing.T, r Runner, req tts.Request, want ...string) {
+	t.Helper()
+	emitted := 0
+	err := r.Synthesize(context.Background(), req, func(tts.Chunk) error { emitted++; return nil })
+	var ie *tts.Error
+	if !errors.As(err, &ie) || ie.Kind != tts.ErrInvalid || ie.Param != "voice" || emitted != 0 {
+		t.Errorf("voice %q, prompt %v: %#v and %d chunks; want an invalid request about voice", req.Voice, req.Prompt != nil, err, emitted)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(ie.Msg, w) {
+			t.Errorf("voice %q: %q does not say %s", req.Voice, ie.Msg, w)
+		}
 	}
 }
