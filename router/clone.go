@@ -79,7 +79,7 @@ func (s *Server) decodeClip(data []byte, text, param string) (tts.VoiceClip, *ap
 	case errors.Is(err, audio.ErrTooLong):
 		return tts.VoiceClip{}, invalid(param, fmt.Sprintf("the clip is longer than %g seconds; use %g to %g seconds of speech", maxClipSeconds, minClipSeconds, maxClipSeconds))
 	case err != nil:
-		return tts.VoiceClip{}, invalid(param, "the audio file cannot be read: "+excerptN(err.Error(), 200))
+		return tts.VoiceClip{}, invalid(param, "the audio file cannot be read: "+tts.Excerpt(err.Error(), 200))
 	}
 	if secs := float64(len(pcm)) / float64(rate); secs < minClipSeconds {
 		return tts.VoiceClip{}, invalid(param, fmt.Sprintf("the clip is %.2f seconds; use %g to %g seconds of speech", secs, minClipSeconds, maxClipSeconds))

@@ -331,7 +331,7 @@ func (ss *elevenSession) fail(c *elevenContext, code, msg string) {
 
 // closeWith reports an error of the socket and closes it.
 func (ss *elevenSession) closeWith(closeCode int, code, msg string) {
-	ss.send(elevenOut{json: elevenWSError{Error: code, Message: msg}, closeCode: closeCode, closeText: excerptN(msg, 100)})
+	ss.send(elevenOut{json: elevenWSError{Error: code, Message: msg}, closeCode: closeCode, closeText: tts.Excerpt(msg, 100)})
 }
 
 // authorize checks the key of the socket's first message when the upgrade carried none.

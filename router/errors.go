@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // apiError is an error in OpenAI's shape: {"error":{"message","type","param","code"}}.
@@ -66,20 +67,7 @@ const maxVerdict = 512
 // excerpt bounds a client-supplied value before it is quoted back or logged: at most maxExcerpt
 // characters, then "…" when there was more. Invalid UTF-8 becomes U+FFFD; quote it with %q so
 // that control characters are escaped.
-func excerpt(s string) string { return excerptN(s, maxExcerpt) }
-
-// excerptN is excerpt with a limit of max characters.
-func excerptN(s string, max int) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	n := 0
-	for i := range s {
-		if n == max {
-			return s[:i] + "…"
-		}
-		n++
-	}
-	return s
-}
+func excerpt(s string) string { return tts.Excerpt(s, maxExcerpt) }
 
 // jsonProblem says what is wrong with a client's JSON in the client's terms: the field and the
 // kind of value it takes, never a Go type, and any value of the client's as an excerpt.

@@ -304,7 +304,7 @@ func (ss *wsSession) write(mt int, b []byte) error {
 // cut ends a session whose client left or stopped reading: its requests are cancelled (their
 // slots freed) and the read loop ends now rather than at idleTimeout.
 func (ss *wsSession) cut(err error) {
-	ss.log.Info("speech stream", "outcome", "client_gone", "error", excerptN(err.Error(), 200))
+	ss.log.Info("speech stream", "outcome", "client_gone", "error", tts.Excerpt(err.Error(), 200))
 	ss.cancel()
 	_ = ss.conn.NetConn().SetReadDeadline(time.Now())
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/voxmux/voxmux/router/library"
+	"github.com/voxmux/voxmux/tts"
 )
 
 // MaxBodyBytes bounds a request body (OpenAI's 413 limit).
@@ -127,7 +128,7 @@ func (c connLogger) Printf(format string, args ...any) {
 	if i := strings.Index(msg, "buffer size="); i >= 0 {
 		msg = msg[:i] + "…"
 	}
-	c.l.Debug("http connection", "error", excerptN(msg, 200))
+	c.l.Debug("http connection", "error", tts.Excerpt(msg, 200))
 }
 
 // Serve serves HTTP on ln until Shutdown.

@@ -554,7 +554,7 @@ func synthError(err error) *apiError {
 		if ie.Param != "" {
 			param = ie.Param
 		}
-		return invalid(param, excerptN(ie.Msg, maxVerdict))
+		return invalid(param, tts.Excerpt(ie.Msg, maxVerdict))
 	case errors.As(err, &ie) && ie.Kind == tts.ErrBusy:
 		return newError(fasthttp.StatusTooManyRequests, "rate_limit_error", "rate_limit_exceeded", "every instance is at its max_inflight; retry later")
 	case err == nil:

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
 )
 
 // maxVoiceQuote bounds a voice name quoted back in an error.
@@ -18,7 +17,7 @@ func (d Description) CheckVoice(name string) error {
 		return nil
 	}
 	return InvalidVoice(fmt.Sprintf("voice %q is not a voice of model %q; its voices: %s",
-		quotable(name), d.Name, strings.Join(d.Voices, ", ")))
+		Excerpt(name, maxVoiceQuote), d.Name, strings.Join(d.Voices, ", ")))
 }
 
 // CheckPrompt refuses a voice prompt made by another family than d's (VoicePrompt.Family), as
@@ -52,18 +51,17 @@ func (d Description) ForeignVoice(what, family, model string) *Error {
 		what, by, d.Name, d.Kind))
 }
 
-// quotable is name cut to maxVoiceQuote characters, as valid UTF-8, for an error to quote.
-func quotable(name string) string {
-	name = strings.ToValidUTF8(name, "\uFFFD")
-	if utf8.RuneCountInString(name) <= maxVoiceQuote {
-		return name
-	}
+// Excerpt is s cut to at most max characters, then "…" where there was more, as valid UTF-8
+// (invalid bytes become U+FFFD): a client's value bounded before an error quotes it back or a log
+// records it.
+func Excerpt(s string, max int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
 	n := 0
-	for i := range name {
-		if n == maxVoiceQuote {
-			return name[:i] + "…"
+	for i := range s {
+		if n == max {
+			return s[:i] + "…"
 		}
 		n++
 	}
-	return name
+	return s
 }
