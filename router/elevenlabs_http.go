@@ -94,10 +94,7 @@ func (s *Server) elevenSpeech(ctx *fasthttp.RequestCtx, rest string) {
 	enc, err := newElevenEncoder(format, first.SampleRate, speed, &out)
 	if err != nil {
 		cancel()
-		go func() {
-			for range st.chunks {
-			}
-		}()
+		st.drain()
 		log.Error("elevenlabs speech", "status", 500, "error", err)
 		elevenError(ctx, fasthttp.StatusInternalServerError, "encoder_error", err.Error())
 		return
@@ -139,10 +136,7 @@ func (s *Server) elevenSpeech(ctx *fasthttp.RequestCtx, rest string) {
 	finish := func(outcome string, sent int64, err error) {
 		cancel()
 		enc.Abort()
-		go func() {
-			for range st.chunks {
-			}
-		}()
+		st.drain()
 		r := recentRequest{At: start, Status: fasthttp.StatusOK, Format: format.name, Voice: req.Voice, Chars: chars,
 			AudioSeconds: made, TTFBMillis: millis(ttfb), TotalMillis: millis(time.Since(start)), Outcome: outcome}
 		s.recent.add(r)

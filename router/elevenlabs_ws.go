@@ -632,10 +632,7 @@ func (ss *elevenSession) speak(c *elevenContext, seg *elevenSegment) {
 	st := seg.st
 	defer func() {
 		seg.cancel()
-		go func() {
-			for range st.chunks {
-			}
-		}()
+		st.drain()
 	}()
 	speed := c.speed // the router's time stretch; a model with its own speed is at 1 here
 	if ss.s.o.Pool.Model().NativeSpeed {

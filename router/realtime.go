@@ -674,10 +674,7 @@ func (ss *wsSession) speak(c *wsContext, seg *wsSegment) {
 	st := seg.st
 	defer func() {
 		seg.cancel()
-		go func() {
-			for range st.chunks {
-			}
-		}()
+		st.drain()
 	}()
 	runes := utf8.RuneCountInString(seg.text)
 	ss.send(wsOut{c: c, json: wsAudioStart{Type: "audio.start", ContextID: c.id, SegmentIndex: seg.index, Text: seg.text,

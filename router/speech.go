@@ -246,10 +246,7 @@ func (s *Server) speech(ctx *fasthttp.RequestCtx) {
 	enc, err := audio.NewEncoder(job.format, first.SampleRate, job.speed, w)
 	if err != nil {
 		cancel()
-		go func() {
-			for range st.chunks {
-			}
-		}()
+		st.drain()
 		log.Error("speech", "status", 500, "error", err)
 		writeError(ctx, newError(fasthttp.StatusInternalServerError, "server_error", "encoder_error", "cannot encode "+job.format))
 		return
@@ -446,10 +443,7 @@ func (b *audioBody) Close() error {
 		b.done("failed_mid_stream", b.samples, b.sent, err)
 	default:
 		b.done("client_gone", b.samples, b.sent, errors.New("the client left or stopped reading (write_timeout)"))
-		go func() {
-			for range b.st.chunks {
-			}
-		}()
+		b.st.drain()
 	}
 	return nil
 }
@@ -460,6 +454,15 @@ type stream struct {
 	err     error     // valid once chunks is closed
 	doneAt  time.Time // when synthesis ended, valid once chunks is closed
 	backend string    // the instance serving it, valid once a chunk arrived
+}
+
+// drain lets the stream's producer finish after its reader has stopped (the request cancelled, the
+// client gone): what it still sends is dropped.
+func (st *stream) drain() {
+	go func() {
+		for range st.chunks {
+		}
+	}()
 }
 
 // startStream runs req on the least-loaded ready backend. If that backend fails before any audio
