@@ -52,10 +52,12 @@ class CachedFlow:
     seed(kv, xs, done) starts from another utterance's kept state (a voice prompt's complete
     chunks): kv[k] [done,L,4,inner], xs[k] [done or fewer (the last conv_context), mel]."""
 
-    def __init__(self, flow, mu, cond, embedding, noise, dtype=torch.float32):
+    def __init__(self, flow, mu, cond, embedding, noise, dtype=torch.float32, step=None):
+        """step: what computes a step (net.ChunkFlowStep's inputs and outputs); the network's own
+        by default, an exported graph's in the parity check."""
         self.flow, self.c = flow, flow.c
-        self.step = net.ChunkFlowStep(flow)
-        self.ctx = self.step.context
+        self.step = step or net.ChunkFlowStep(flow)
+        self.ctx = net.conv_context(flow)
         self.mu, self.cond, self.embedding, self.noise = mu, cond, embedding, noise
         L, inner = self.c.depth, self.c.heads * self.c.dim_head
         self.kv = [torch.zeros(0, L, 4, inner, dtype=dtype) for _ in range(self.c.steps)]
