@@ -25,6 +25,15 @@ type CancelStats struct {
 	MaxFreeing time.Duration
 }
 
+// PromptCacheStats are a chunk-causal flow's voice prompt cache's figures (docs/cosyvoice3.md,
+// "Prompt cache"): requests that found their voice's keys and values kept (Hits) or computed them
+// (Misses), voices dropped for room (Evictions), and what it holds now (Bytes, Voices).
+type PromptCacheStats struct {
+	Hits, Misses, Evictions uint64
+	Bytes                   int64
+	Voices                  int
+}
+
 // StageStats counts one stage's runs: Items/Batches is its mean batch size.
 type StageStats struct {
 	Stage   string // lm_prefill, lm_decode, flow, vocoder

@@ -59,11 +59,7 @@ func (c *chunkFlow) kvBytes() int64 {
 // voiceFrames is how many of a voice prompt's frames depend on the voice alone: its complete
 // chunks short of the frames of its last look-ahead tokens, whose mu reads the request's first
 // tokens (the encoder's look-ahead runs over prompt and request tokens together).
-func (c *chunkFlow) voiceFrames(promptFrames int) int {
-	f := c.m.Flow
-	n := max(promptFrames-f.LookaheadTokens*f.FramesPerToken, 0)
-	return n / f.ChunkFrames * f.ChunkFrames
-}
+func (c *chunkFlow) voiceFrames(promptFrames int) int { return c.m.voiceFrames(promptFrames) }
 
 // utterance is what chunkFlow.run reads of one utterance, frame-major [frames][mel_bins] from the
 // voice prompt's first frame: mu, cond and the starting noise; emb is the speaker embedding.
@@ -210,6 +206,14 @@ func frameMajor(a []float32, ch, n int) []float32 {
 		for i := range n {
 			out[i*ch+c] = a[c*n+i]
 		}
+	}
+	return out
+}
+
+func cloneAll(a [][]float32) [][]float32 {
+	out := make([][]float32, len(a))
+	for i := range a {
+		out[i] = append([]float32(nil), a[i]...)
 	}
 	return out
 }

@@ -204,14 +204,6 @@ func TestChunkFlowCachedEqualsWhole(t *testing.T) {
 	}
 }
 
-func cloneAll(a [][]float32) [][]float32 {
-	out := make([][]float32, len(a))
-	for i := range a {
-		out[i] = append([]float32(nil), a[i]...)
-	}
-	return out
-}
-
 // A manifest's chunk-step keys are checked at load.
 func TestChunkStepManifestChecks(t *testing.T) {
 	m := tinyManifest(t)

@@ -1,6 +1,7 @@
 package staged
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -16,7 +17,9 @@ import (
 // (scripts/cosyvoice3/make_tiny.py) run through scripts/cosyvoice3/export.py with a random voice
 // bench: `make tiny-cosyvoice3` makes it, and `make test` does so before the tests. Its graphs are
 // the real model's, so these tests run the exporter's output through the engine.
-const tinyCV3 = "../../models/tiny-cosyvoice3/pipeline.yaml"
+// tinyCV3 is models/tiny-cosyvoice3's manifest, or VOXMUX_TINY_COSYVOICE3's (another export of
+// the same checkpoint, e.g. one with --chunk-flow beside an older one).
+var tinyCV3 = cmp.Or(os.Getenv("VOXMUX_TINY_COSYVOICE3"), "../../models/tiny-cosyvoice3/pipeline.yaml")
 
 // requireTinyCV3 says whether tests that need what `make tiny-cosyvoice3` makes must fail,
 // rather than skip, without it: scripts/test.sh sets VOXMUX_REQUIRE_TINY_COSYVOICE3 after making it.
