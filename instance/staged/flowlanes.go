@@ -47,14 +47,14 @@ func (r *flowRun) urgent() bool { return r.items[0].first }
 // longer wait for first audio (engine option flow_first_worker). A stream's chunks stay in
 // order: none joins a batch while another of its chunks is in one.
 type flowLanes struct {
-	runs           []*flowRun       // by worker; nil where free
-	busy           map[*stream]bool // streams with a chunk in a batch under way
-	budget         int              // frames per batch
-	share          bool             // no worker is kept for first chunks
+	runs   []*flowRun       // by worker; nil where free
+	busy   map[*stream]bool // streams with a chunk in a batch under way
+	budget int              // frames per batch
+	share  bool             // no worker is kept for first chunks
 	// oneEach keeps a batch to one chunk per stream: a chunk-causal run starts from the frames its
 	// stream's earlier chunk keeps (flow.chunk_step).
-	oneEach bool
-	spread         float64          // see takeBatch
+	oneEach        bool
+	spread         float64 // see takeBatch
 	framesPerToken int
 	// fit says how many of n items of up to tokens tokens a batch takes (flowRunner.fit): with the
 	// flow's CUDA graphs, batches that fill a captured shape.
