@@ -13,6 +13,8 @@ type Health struct {
 	// Cancels are the requests cancelled while the engine still worked on them (zero for models
 	// whose runner does not count them).
 	Cancels CancelStats
+	// PromptCache is a chunk-causal flow's voice prompt cache (zero for models without one).
+	PromptCache PromptCacheStats
 }
 
 // CancelStats sums what cancelled requests cost an engine: Count requests were cancelled (their
