@@ -73,7 +73,7 @@ tiny-cosyvoice3: models/tiny-cosyvoice3/pipeline.yaml
 models/tiny-cosyvoice3/pipeline.yaml: $(CV3_TINY_SCRIPTS)
 	rm -rf models/tiny-cosyvoice3-published models/tiny-cosyvoice3
 	/usr/bin/python3 -m scripts.cosyvoice3.make_tiny models/tiny-cosyvoice3-published
-	/usr/bin/python3 -m scripts.cosyvoice3.export models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5
+	/usr/bin/python3 -m scripts.cosyvoice3.export models/tiny-cosyvoice3-published models/tiny-cosyvoice3 --random-voice bench:5 --chunk-flow
 
 # models/tiny-voxcpm: a tiny VoxCPM 1.5 with random weights in the published format
 # (models/tiny-voxcpm-published), exported as the real one is (float32, for the CPU), with a

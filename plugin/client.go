@@ -83,7 +83,9 @@ func (c *grpcClient) Health(ctx context.Context) (tts.Health, error) {
 		return tts.Health{}, fromStatus(err)
 	}
 	h := tts.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight),
-		Cancels: tts.CancelStats{Count: r.Cancels, Freeing: time.Duration(r.CancelFreeingNs), MaxFreeing: time.Duration(r.CancelFreeingMaxNs)}}
+		Cancels: tts.CancelStats{Count: r.Cancels, Freeing: time.Duration(r.CancelFreeingNs), MaxFreeing: time.Duration(r.CancelFreeingMaxNs)},
+		PromptCache: tts.PromptCacheStats{Hits: r.PromptCacheHits, Misses: r.PromptCacheMisses, Evictions: r.PromptCacheEvictions,
+			Bytes: int64(r.PromptCacheBytes), Voices: int(r.PromptCacheVoices)}}
 	for _, st := range r.Stages {
 		h.Stages = append(h.Stages, tts.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs), Wait: time.Duration(st.WaitNs)})
 	}

@@ -29,6 +29,8 @@ type Metrics struct {
 	stage map[*Backend][]tts.StageStats // last Health answer of each instance
 	// cancel is each instance's last tts.CancelStats.
 	cancel map[*Backend]tts.CancelStats
+	// prompt is each instance's last tts.PromptCacheStats, where it has a prompt cache.
+	prompt map[*Backend]tts.PromptCacheStats
 }
 
 // NewMetrics registers the router's metrics on reg. The pool's figures (queue length, in-flight
@@ -81,6 +83,7 @@ func NewMetrics(reg prometheus.Registerer, pool *Pool) *Metrics {
 		pool:   pool,
 		stage:  map[*Backend][]tts.StageStats{},
 		cancel: map[*Backend]tts.CancelStats{},
+		prompt: map[*Backend]tts.PromptCacheStats{},
 	}
 	reg.MustRegister(m.requests, m.ttfb, m.duration, m.rtf, m.audio, m.chars, m.bytes, m.incomplete, m.queueWait, newPoolCollector(m))
 	return m
@@ -142,6 +145,9 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 			m.mu.Lock()
 			m.stage[b] = h.Stages
 			m.cancel[b] = h.Cancels
+			if pc := h.PromptCache; pc != (tts.PromptCacheStats{}) {
+				m.prompt[b] = pc
+			}
 			m.mu.Unlock()
 		}
 		select {
@@ -156,7 +162,7 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 type poolCollector struct {
 	m                                                                                           *Metrics
 	queueLength, inflight, groupInflight, capacity, ready, restarts, batches, items, busy, wait *prometheus.Desc
-	cancels, cancelFreeing                                                                      *prometheus.Desc
+	cancels, cancelFreeing, promptHits, promptMisses, promptEvictions, promptBytes              *prometheus.Desc
 }
 
 func newPoolCollector(m *Metrics) *poolCollector {
@@ -182,11 +188,19 @@ func newPoolCollector(m *Metrics) *poolCollector {
 			"Requests cancelled (client gone, WebSocket context closed) while an instance's engine still worked on them (reset when the process restarts).", inst, nil),
 		cancelFreeing: prometheus.NewDesc("voxmux_engine_cancel_freeing_seconds_total",
 			"Time from each cancel until no stage of the engine held the request, summed: engine time spent on audio nobody hears; over voxmux_engine_cancels_total it is the mean.", inst, nil),
+		promptHits: prometheus.NewDesc("voxmux_engine_prompt_cache_hits_total",
+			"Requests whose voice prompt's keys and values a chunk-causal flow found kept (reset when the process restarts).", inst, nil),
+		promptMisses: prometheus.NewDesc("voxmux_engine_prompt_cache_misses_total",
+			"Requests whose voice prompt's keys and values a chunk-causal flow computed (reset when the process restarts).", inst, nil),
+		promptEvictions: prometheus.NewDesc("voxmux_engine_prompt_cache_evictions_total",
+			"Voices a chunk-causal flow's prompt cache dropped for room (least recently used first).", inst, nil),
+		promptBytes: prometheus.NewDesc("voxmux_engine_prompt_cache_bytes",
+			"Bytes of voice prompts' keys and values a chunk-causal flow keeps now (bounded by engine option flow_prompt_cache_mb).", inst, nil),
 	}
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait, c.cancels, c.cancelFreeing} {
+	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait, c.cancels, c.cancelFreeing, c.promptHits, c.promptMisses, c.promptEvictions, c.promptBytes} {
 		ch <- d
 	}
 }
@@ -210,6 +224,12 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 		if cs, ok := c.m.cancel[b]; ok {
 			ch <- prometheus.MustNewConstMetric(c.cancels, prometheus.CounterValue, float64(cs.Count), l...)
 			ch <- prometheus.MustNewConstMetric(c.cancelFreeing, prometheus.CounterValue, cs.Freeing.Seconds(), l...)
+		}
+		if pc, ok := c.m.prompt[b]; ok {
+			ch <- prometheus.MustNewConstMetric(c.promptHits, prometheus.CounterValue, float64(pc.Hits), l...)
+			ch <- prometheus.MustNewConstMetric(c.promptMisses, prometheus.CounterValue, float64(pc.Misses), l...)
+			ch <- prometheus.MustNewConstMetric(c.promptEvictions, prometheus.CounterValue, float64(pc.Evictions), l...)
+			ch <- prometheus.MustNewConstMetric(c.promptBytes, prometheus.GaugeValue, float64(pc.Bytes), l...)
 		}
 		for _, s := range c.m.stage[b] {
 			sl := []string{s.Stage, b.GroupName(), b.Name}

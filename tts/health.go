@@ -13,6 +13,8 @@ type Health struct {
 	// Cancels are the requests cancelled while the engine still worked on them (zero for models
 	// whose runner does not count them).
 	Cancels CancelStats
+	// PromptCache is a chunk-causal flow's voice prompt cache (zero for models without one).
+	PromptCache PromptCacheStats
 }
 
 // CancelStats sums what cancelled requests cost an engine: Count requests were cancelled (their
@@ -23,6 +25,15 @@ type CancelStats struct {
 	Count      uint64
 	Freeing    time.Duration
 	MaxFreeing time.Duration
+}
+
+// PromptCacheStats are a chunk-causal flow's voice prompt cache's figures (docs/cosyvoice3.md,
+// "Prompt cache"): requests that found their voice's keys and values kept (Hits) or computed them
+// (Misses), voices dropped for room (Evictions), and what it holds now (Bytes, Voices).
+type PromptCacheStats struct {
+	Hits, Misses, Evictions uint64
+	Bytes                   int64
+	Voices                  int
 }
 
 // StageStats counts one stage's runs: Items/Batches is its mean batch size.

@@ -18,6 +18,8 @@ type Report struct {
 	// FirstAudio is taken by the report: the next one holds only later requests'. Empty where the
 	// engine does not time its first audio.
 	FirstAudio []FirstAudio
+	// PromptCache is a chunk-causal flow's voice prompt cache (zero for engines without one).
+	PromptCache tts.PromptCacheStats
 }
 
 // FirstAudio is where one request's first audio spent its time: the parts of its way through the
@@ -39,9 +41,16 @@ func Merge(reports ...Report) Report {
 		all[i] = r.Stages
 		out.Cancels = AddCancels(out.Cancels, r.Cancels)
 		out.FirstAudio = append(out.FirstAudio, r.FirstAudio...)
+		out.PromptCache = AddPromptCache(out.PromptCache, r.PromptCache)
 	}
 	out.Stages = Sum(all...)
 	return out
+}
+
+// AddPromptCache sums two engines' prompt cache figures.
+func AddPromptCache(a, b tts.PromptCacheStats) tts.PromptCacheStats {
+	return tts.PromptCacheStats{Hits: a.Hits + b.Hits, Misses: a.Misses + b.Misses, Evictions: a.Evictions + b.Evictions,
+		Bytes: a.Bytes + b.Bytes, Voices: a.Voices + b.Voices}
 }
 
 // AddCancels sums two engines' cancel figures; the longest stays the longest of both.

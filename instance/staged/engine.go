@@ -44,6 +44,8 @@ type Engine struct {
 	// Speech tokens per character of text, learned from the streams the LM finished: it places
 	// each chunk in the text (textSpan). Owned by the LM loop.
 	tokensPerRune float64
+	// onMel, where set (tests), sees each chunk's mel, channel-major, as the vocoder gets it.
+	onMel func(s *stream, mel []float32, last bool)
 }
 
 // The engine's batched stages, in StageStats' names.

@@ -14,7 +14,11 @@ func (e *Engine) Report() engine.Report {
 	for i, f := range fa {
 		out[i] = f.parts()
 	}
-	return engine.Report{Stages: e.Stats(), Cancels: e.CancelStats(), FirstAudio: out}
+	r := engine.Report{Stages: e.Stats(), Cancels: e.CancelStats(), FirstAudio: out}
+	if e.p.prompts != nil {
+		r.PromptCache = e.p.prompts.stats()
+	}
+	return r
 }
 
 // parts names f's parts for the instance's log (engine.SummarizeFirstAudio).

@@ -25,6 +25,16 @@ type flowJob struct {
 	// cond is the voice's prompt mel, channel-major [mel_bins][prompt·frames_per_token], and
 	// embedding its speaker embedding; the step graph reads them with flow.embedding_dim.
 	cond, embedding []float32
+	// chunk is a chunk-causal run's (flow.chunk_step): tokens are the encoder's window then.
+	chunk *chunkJob
+}
+
+// chunkJob is what a chunk-causal run reads of its stream besides its tokens.
+type chunkJob struct {
+	span  chunkSpan
+	st    *chunkKV
+	voice *Voice // nil: none
+	last  bool
 }
 
 // frames are the job's frames that the flow returns: all but the look-ahead's.
@@ -64,7 +74,14 @@ type flowRunner interface {
 }
 
 // newFlow opens one flow worker of the kind the manifest's graphs call for.
-func newFlow(rt *ort.Runtime, m *Manifest, opt options) (flowRunner, error) {
+func newFlow(rt *ort.Runtime, m *Manifest, opt options, prompts *promptCache) (flowRunner, error) {
+	if m.Flow.ChunkStep != "" {
+		c, err := newFlowChunks(rt, m, prompts)
+		if err != nil {
+			return nil, err
+		}
+		return c, nil
+	}
 	if m.Flow.Step != "" {
 		s, err := newFlowSteps(rt, m, opt)
 		if err != nil {

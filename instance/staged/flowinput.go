@@ -14,6 +14,9 @@ func chunkInput(m *Manifest, flowed, end, n int, last bool) (start, la int) {
 // flowJob is a chunk's flow input: its tokens, the starting noise of every one of their frames
 // (flowNoise), and the voice's prompt mel and speaker embedding.
 func (p *Pipeline) flowJob(it *flowItem) flowJob {
+	if it.chunk != nil {
+		return p.chunkJob(it)
+	}
 	R := p.m.Flow.FramesPerToken
 	f0 := it.firstToken * R
 	j := flowJob{
@@ -27,6 +30,25 @@ func (p *Pipeline) flowJob(it *flowItem) flowJob {
 	}
 	if j.embedding == nil && p.m.Flow.EmbeddingDim > 0 {
 		// A voice without a prompt conditions on no speaker (zeros).
+		j.embedding = make([]float32, p.m.Flow.EmbeddingDim)
+	}
+	return j
+}
+
+// chunkJob is a chunk-causal run's input (flow.chunk_step): the encoder's window of tokens, the
+// stream's kept frames (made on its first chunk) and the voice. The noise is the manifest's table
+// by frame from the voice prompt's first, which flowChunks reads itself.
+func (p *Pipeline) chunkJob(it *flowItem) flowJob {
+	s := it.s
+	if s.kv == nil {
+		s.kv = &chunkKV{xs: make([][]float32, p.m.Flow.Steps)}
+	}
+	j := flowJob{tokens: it.tokens, prompt: it.prompt, lookahead: it.lookahead,
+		chunk: &chunkJob{span: *it.chunk, st: s.kv, voice: s.voice, last: it.last}}
+	if v := s.voice; v != nil {
+		j.cond, j.embedding = v.Mel, v.Embedding
+	}
+	if j.embedding == nil {
 		j.embedding = make([]float32, p.m.Flow.EmbeddingDim)
 	}
 	return j

@@ -20,6 +20,8 @@ type flowItem struct {
 	first                        bool
 	last                         bool
 	text                         tts.TextSpan // the part of the text the chunk speaks
+	// chunk is what a chunk-causal run computes and returns (flow.chunk_step); nil otherwise.
+	chunk *chunkSpan
 }
 
 // flowRun is a batch of chunks on one flow worker, and the flow time it took.
@@ -45,11 +47,14 @@ func (r *flowRun) urgent() bool { return r.items[0].first }
 // longer wait for first audio (engine option flow_first_worker). A stream's chunks stay in
 // order: none joins a batch while another of its chunks is in one.
 type flowLanes struct {
-	runs           []*flowRun       // by worker; nil where free
-	busy           map[*stream]bool // streams with a chunk in a batch under way
-	budget         int              // frames per batch
-	share          bool             // no worker is kept for first chunks
-	spread         float64          // see takeBatch
+	runs   []*flowRun       // by worker; nil where free
+	busy   map[*stream]bool // streams with a chunk in a batch under way
+	budget int              // frames per batch
+	share  bool             // no worker is kept for first chunks
+	// oneEach keeps a batch to one chunk per stream: a chunk-causal run starts from the frames its
+	// stream's earlier chunk keeps (flow.chunk_step).
+	oneEach        bool
+	spread         float64 // see takeBatch
 	framesPerToken int
 	// fit says how many of n items of up to tokens tokens a batch takes (flowRunner.fit): with the
 	// flow's CUDA graphs, batches that fill a captured shape.
@@ -71,6 +76,21 @@ func (l *flowLanes) trim(take, rest []*flowItem) ([]*flowItem, []*flowItem) {
 			tokens = max(tokens, len(it.tokens))
 		}
 		return tokens
+	}
+	if l.oneEach {
+		seen := map[*stream]bool{}
+		var kept, later []*flowItem
+		for _, it := range take {
+			if seen[it.s] {
+				later = append(later, it)
+				continue
+			}
+			seen[it.s] = true
+			kept = append(kept, it)
+		}
+		if len(later) > 0 {
+			take, rest = kept, slices.Concat(later, rest)
+		}
 	}
 	k := len(take)
 	if l.fit != nil && k > 0 {
@@ -148,6 +168,7 @@ func (e *Engine) flowLoop() {
 	lanes := newFlowLanes(len(e.p.flows), e.flowFrames, e.spread, e.p.m.Flow.FramesPerToken, e.p.flows[0].fit,
 		func(n, tokens int) bool { return e.p.m.flowBatchFits(n, tokens) == nil })
 	lanes.share = e.p.opt.flowShare
+	lanes.oneEach = e.p.m.Flow.ChunkStep != ""
 	finished := make(chan *flowRun)
 	ready := e.flowQ.Ready()
 	var waiting []*flowItem
@@ -229,10 +250,17 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 		// The flow returns the prompt's, context's and chunk's frames; the chunk's are new.
 		all := len(mels[i]) / C
 		skip := (it.prompt + it.ctxTokens) * R
+		if sp := it.chunk; sp != nil {
+			// A chunk-causal run returns frames [from, end); the vocoder has had those before emit.
+			skip = sp.emit - sp.from
+		}
 		nf := all - skip
 		chunk := make([]float32, C*nf)
 		for c := 0; c < C; c++ {
 			copy(chunk[c*nf:(c+1)*nf], mels[i][c*all+skip:(c+1)*all])
+		}
+		if e.onMel != nil {
+			e.onMel(it.s, chunk, it.last)
 		}
 		win := it.s.vocHist.window(m, chunk, it.last)
 		if it.first {

@@ -262,7 +262,7 @@ func (e *Engine) advance(s *stream, tok int) bool {
 	// handed over with last=true; and, while the LM runs, only once its look-ahead tokens exist.
 	for {
 		pending := len(s.tokens) - s.flowed
-		size := m.ChunkSize(s.chunk)
+		size := e.chunkSize(s)
 		if done && pending <= size {
 			s.leftLM()
 			if pending > 0 {
@@ -290,6 +290,12 @@ func (e *Engine) toFlow(s *stream, end int, last bool) {
 		prompt = s.voice.SpeechTokens
 	}
 	e.hold(s)
+	if e.p.m.Flow.ChunkStep != "" {
+		e.flowQ.Push(e.chunkItem(s, prompt, end, la, last, text))
+		s.flowed = end
+		s.chunk++
+		return
+	}
 	e.flowQ.Push(&flowItem{
 		s:          s,
 		queued:     time.Now(),

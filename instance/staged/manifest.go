@@ -150,6 +150,16 @@ type FlowSpec struct {
 	// Noise is a fixed table of starting samples, float32 [frames][mel_bins] (flowNoise); empty:
 	// seeded noise.
 	Noise string `yaml:"noise"`
+	// ChunkStep is the chunk-causal step graph (docs/cosyvoice3.md, "Chunk-causal flow"): one
+	// guided Euler step over new frames under CosyVoice's streaming mask of ChunkFrames-frame
+	// chunks, reading the keys and values of every earlier frame (past_kv [B,P,kv_layers,4,
+	// kv_width]) and ConvContextFrames frames of context before the new ones, and returning the
+	// new frames' keys and values (present_kv). Checked at load; chunkFlow runs it.
+	ChunkStep         string `yaml:"chunk_step"`
+	ChunkFrames       int    `yaml:"chunk_frames"`
+	ConvContextFrames int    `yaml:"conv_context_frames"`
+	KVLayers          int    `yaml:"kv_layers"`
+	KVWidth           int    `yaml:"kv_width"`
 }
 
 // VocoderSpec describes the mel → audio graph.
@@ -299,6 +309,16 @@ func (m *Manifest) validate() error {
 	need(m.Flow.EmbeddingDim == 0 || m.Flow.Step != "", "flow.embedding_dim", "needs flow.step (the estimator graph has no cond or embedding input)")
 	need(m.Flow.LookaheadTokens >= 0, "flow.lookahead_tokens", "must not be negative")
 	need(m.Flow.Schedule == "linear" || m.Flow.Schedule == "cosine", "flow.schedule", fmt.Sprintf("%q is not linear or cosine", m.Flow.Schedule))
+	if f := m.Flow; f.ChunkStep != "" {
+		need(f.ChunkFrames > 0, "flow.chunk_frames", "must be positive with flow.chunk_step")
+		need(f.ConvContextFrames >= 0, "flow.conv_context_frames", "must not be negative")
+		need(f.KVLayers > 0, "flow.kv_layers", "must be positive with flow.chunk_step")
+		need(f.KVWidth > 0, "flow.kv_width", "must be positive with flow.chunk_step")
+		need(f.EmbeddingDim > 0, "flow.chunk_step", "needs flow.embedding_dim (the graph reads cond and embedding)")
+	} else {
+		need(f.ChunkFrames == 0 && f.ConvContextFrames == 0 && f.KVLayers == 0 && f.KVWidth == 0,
+			"flow.chunk_frames", "chunk_frames, conv_context_frames, kv_layers and kv_width apply only with flow.chunk_step")
+	}
 	need(m.LM.EndOfPrompt >= 0, "lm.endofprompt", "must not be negative")
 	need(m.LM.EndOfPrompt == 0 || m.LM.DefaultPromptText != "", "lm.default_prompt_text", "is required with lm.endofprompt")
 	need(m.LM.EndOfPrompt > 0 || m.LM.DefaultPromptText == "", "lm.default_prompt_text", "applies only with lm.endofprompt")
@@ -326,7 +346,7 @@ func (m *Manifest) validate() error {
 	}
 	need(m.Flow.Estimator != "" || m.Flow.Step != "", "flow.estimator", "is required (or flow.step)")
 	files := map[string]string{"lm.file": m.LM.File, "flow.encoder": m.Flow.Encoder, "vocoder.file": m.Vocoder.File}
-	for key, f := range map[string]string{"flow.estimator": m.Flow.Estimator, "flow.step": m.Flow.Step, "flow.noise": m.Flow.Noise} {
+	for key, f := range map[string]string{"flow.estimator": m.Flow.Estimator, "flow.step": m.Flow.Step, "flow.noise": m.Flow.Noise, "flow.chunk_step": m.Flow.ChunkStep} {
 		if f != "" {
 			files[key] = f
 		}

@@ -46,6 +46,32 @@ type Options struct {
 	// Off (the default), items within a third of each other's length share a batch: a chunk padded
 	// to a longer one rounds ONNX Runtime's sums differently (about 5e-7 on models/tiny).
 	ExactBatches bool `json:"exact_batches"`
+	// FlowPromptCacheMB bounds, in MiB, the voice prompts' keys and values that a model with the
+	// chunk-causal flow (flow.chunk_step) keeps between requests (docs/cosyvoice3.md, "Prompt
+	// cache"); the least recently used voice goes first. 0: 8192 on CUDA (22 five-second voices of
+	// CosyVoice3-0.5B at 360 MB each), 1024 on the CPU. Ignored without flow.chunk_step.
+	FlowPromptCacheMB int `json:"flow_prompt_cache_mb"`
+	// FlowChunkEmit is where a chunk-causal flow's chunks end. Unset: early.
+	FlowChunkEmit ChunkEmit `json:"flow_chunk_emit"`
+}
+
+// ChunkEmit is where the chunk-causal flow's chunks end (flow_chunk_emit).
+type ChunkEmit string
+
+const (
+	// ChunkEmitEarly ends the first chunk after streaming.chunk_tokens' first entry (early first
+	// audio, computed before its 50-frame chunk completes, so it may differ from CosyVoice's), then
+	// every chunk on a chunk boundary.
+	ChunkEmitEarly ChunkEmit = "early"
+	// ChunkEmitCosyVoice ends every chunk on CosyVoice's own boundaries: the first hop padded so
+	// that prompt and hop end on a chunk boundary, then every chunk boundary; every chunk then
+	// equals CosyVoice's streaming run.
+	ChunkEmitCosyVoice ChunkEmit = "cosyvoice"
+)
+
+func (c *ChunkEmit) UnmarshalText(b []byte) (err error) {
+	*c, err = engine.ParseEnum(b, ChunkEmitEarly, ChunkEmitCosyVoice)
+	return err
 }
 
 // NeverSplit is the VocoderWindow that runs every vocoder item whole.
@@ -173,6 +199,9 @@ func (o Options) Validate() error {
 	if o.FlowWorkers < 0 || o.FlowWorkers > 8 {
 		return &tts.OptionError{Key: "flow_workers", Msg: fmt.Sprintf("%d is not a number of workers from 1 to 8", o.FlowWorkers)}
 	}
+	if o.FlowPromptCacheMB < 0 {
+		return &tts.OptionError{Key: "flow_prompt_cache_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowPromptCacheMB)}
+	}
 	return nil
 }
 
@@ -188,6 +217,9 @@ type options struct {
 	// 0 the vocoder's default window (defaultVocoderWindow), NeverSplit never split.
 	vocoderWindow int
 	exactBatches  bool // flow and vocoder batches of one item length (Options.ExactBatches)
+	// promptCacheBytes bounds the chunk-causal flow's prompt cache (Options.FlowPromptCacheMB).
+	promptCacheBytes int64
+	chunkEmit        ChunkEmit
 }
 
 func resolveOptions(o Options, cuda bool, m *Manifest) options {
@@ -200,7 +232,16 @@ func resolveOptions(o Options, cuda bool, m *Manifest) options {
 		vocoderBatches: o.VocoderBatches,
 		vocoderWindow:  o.VocoderWindow,
 		exactBatches:   o.ExactBatches,
+		chunkEmit:      o.FlowChunkEmit,
 	}
+	mb := int64(o.FlowPromptCacheMB)
+	if mb == 0 {
+		mb = 1024
+		if cuda {
+			mb = 8192
+		}
+	}
+	r.promptCacheBytes = mb << 20
 	if r.lmGraph == "" {
 		// The LM's graphs made a decode step 2-3× faster and a prefill of one prompt 3× faster
 		// (docs/benchmarks/RESULTS.md); they need the shared cache.

@@ -22,6 +22,9 @@ type Pipeline struct {
 	// flows are the flow's workers, each with its own sessions (see flowLanes).
 	flows []flowRunner
 	voc   *vocoderStage
+	// prompts keeps voice prompts' keys and values for the chunk-causal flow (flow.chunk_step),
+	// shared by its workers; nil without it.
+	prompts *promptCache
 	// venc makes voices from clips (voice_encoder); nil without one, and in every pipeline of an
 	// instance but the one whose LM is on device 0: it runs on the CPU, so one serves them all.
 	venc *voiceEncoder
@@ -61,9 +64,12 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 		}
 		p.lm, err = newLMDecoder(m, rt.LMPlacement(mode.decodeGraphs(), p.opt.lmHighPriority), graphRows, mode.fixedPrefills())
 	}
+	if m.Flow.ChunkStep != "" {
+		p.prompts = newPromptCache(p.opt.promptCacheBytes)
+	}
 	for w := 0; err == nil && w < p.opt.flowWorkers; w++ {
 		var f flowRunner
-		if f, err = newFlow(p.rt2, m, p.opt); err == nil {
+		if f, err = newFlow(p.rt2, m, p.opt, p.prompts); err == nil {
 			p.flows = append(p.flows, f)
 		}
 	}
@@ -88,6 +94,9 @@ func (p *Pipeline) Close() error {
 	var errs []error
 	if p.lm != nil {
 		p.lm.close()
+	}
+	if p.prompts != nil {
+		p.prompts.close()
 	}
 	for _, f := range p.flows {
 		errs = append(errs, f.close())

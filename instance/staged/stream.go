@@ -35,6 +35,13 @@ type stream struct {
 	flowed         int // tokens already handed to the flow
 	chunk          int // index of the next chunk
 	textEnd        int // byte offset in req.Text where the chunks handed to the flow end
+	// kvFrom is the first frame (from the voice prompt's) that the stream's chunk-causal runs have
+	// not kept once the chunks handed to the flow have run (flow.chunk_step).
+	kvFrom int
+
+	// kv is the stream's kept keys and values (flow.chunk_step), owned by the batch that runs its
+	// chunk; released with the stream's last hold (Engine.release).
+	kv *chunkKV
 
 	// Owned by the flow loop: the mel the vocoder's next window needs.
 	vocHist vocHistory

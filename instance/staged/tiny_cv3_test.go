@@ -1,6 +1,7 @@
 package staged
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -16,7 +17,9 @@ import (
 // (scripts/cosyvoice3/make_tiny.py) run through scripts/cosyvoice3/export.py with a random voice
 // bench: `make tiny-cosyvoice3` makes it, and `make test` does so before the tests. Its graphs are
 // the real model's, so these tests run the exporter's output through the engine.
-const tinyCV3 = "../../models/tiny-cosyvoice3/pipeline.yaml"
+// tinyCV3 is models/tiny-cosyvoice3's manifest, or VOXMUX_TINY_COSYVOICE3's (another export of
+// the same checkpoint, e.g. one with --chunk-flow beside an older one).
+var tinyCV3 = cmp.Or(os.Getenv("VOXMUX_TINY_COSYVOICE3"), "../../models/tiny-cosyvoice3/pipeline.yaml")
 
 // requireTinyCV3 says whether tests that need what `make tiny-cosyvoice3` makes must fail,
 // rather than skip, without it: scripts/test.sh sets VOXMUX_REQUIRE_TINY_COSYVOICE3 after making it.
@@ -112,7 +115,8 @@ func TestTinyCosyVoice3ConcurrentEqualsAlone(t *testing.T) {
 // A longer text streams as the manifest's chunk schedule cuts it: chunk i holds
 // streaming.chunk_tokens[i] tokens (the last of the list repeating) and the last chunk what is
 // left; the vocoder holds back its look-ahead frames from each chunk's audio for the next, so the
-// first chunk is that much shorter and the last that much longer.
+// first chunk is that much shorter and the last that much longer. With flow.chunk_step the chunks
+// after the first end on the flow's chunk boundaries.
 func TestTinyCosyVoice3Chunks(t *testing.T) {
 	e := tinyCV3Engine(t)
 	m := e.p.m
@@ -141,8 +145,19 @@ func TestTinyCosyVoice3Chunks(t *testing.T) {
 			t.Fatalf("%s: %d samples, not whole speech tokens", voice, total)
 		}
 		var want []int
-		for i, left := 0, total/(fpt*hop); left > 0; i++ {
-			n := min(m.ChunkSize(i), left)
+		P := 0
+		if v := m.voice(voice); v != nil {
+			P = len(v.SpeechTokens)
+		}
+		for i, sum, left := 0, 0, total/(fpt*hop); left > 0; i++ {
+			size := m.ChunkSize(i)
+			if per := m.Flow.ChunkFrames / fpt; per > 0 && i > 0 {
+				// The chunk-causal flow's chunks after the first end on chunk boundaries, counted
+				// from the voice prompt's first frame.
+				size = per - (P+sum)%per
+			}
+			n := min(size, left)
+			sum += n
 			left -= n
 			want = append(want, n*fpt*hop)
 		}

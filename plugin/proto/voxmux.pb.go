@@ -718,8 +718,14 @@ type HealthResponse struct {
 	Cancels            uint64 `protobuf:"varint,5,opt,name=cancels,proto3" json:"cancels,omitempty"`
 	CancelFreeingNs    uint64 `protobuf:"varint,6,opt,name=cancel_freeing_ns,json=cancelFreeingNs,proto3" json:"cancel_freeing_ns,omitempty"`
 	CancelFreeingMaxNs uint64 `protobuf:"varint,7,opt,name=cancel_freeing_max_ns,json=cancelFreeingMaxNs,proto3" json:"cancel_freeing_max_ns,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// A chunk-causal flow's voice prompt cache (tts.PromptCacheStats); zero without one.
+	PromptCacheHits      uint64 `protobuf:"varint,8,opt,name=prompt_cache_hits,json=promptCacheHits,proto3" json:"prompt_cache_hits,omitempty"`
+	PromptCacheMisses    uint64 `protobuf:"varint,9,opt,name=prompt_cache_misses,json=promptCacheMisses,proto3" json:"prompt_cache_misses,omitempty"`
+	PromptCacheEvictions uint64 `protobuf:"varint,10,opt,name=prompt_cache_evictions,json=promptCacheEvictions,proto3" json:"prompt_cache_evictions,omitempty"`
+	PromptCacheBytes     uint64 `protobuf:"varint,11,opt,name=prompt_cache_bytes,json=promptCacheBytes,proto3" json:"prompt_cache_bytes,omitempty"`
+	PromptCacheVoices    uint32 `protobuf:"varint,12,opt,name=prompt_cache_voices,json=promptCacheVoices,proto3" json:"prompt_cache_voices,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *HealthResponse) Reset() {
@@ -797,6 +803,41 @@ func (x *HealthResponse) GetCancelFreeingNs() uint64 {
 func (x *HealthResponse) GetCancelFreeingMaxNs() uint64 {
 	if x != nil {
 		return x.CancelFreeingMaxNs
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetPromptCacheHits() uint64 {
+	if x != nil {
+		return x.PromptCacheHits
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetPromptCacheMisses() uint64 {
+	if x != nil {
+		return x.PromptCacheMisses
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetPromptCacheEvictions() uint64 {
+	if x != nil {
+		return x.PromptCacheEvictions
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetPromptCacheBytes() uint64 {
+	if x != nil {
+		return x.PromptCacheBytes
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetPromptCacheVoices() uint32 {
+	if x != nil {
+		return x.PromptCacheVoices
 	}
 	return 0
 }
@@ -940,7 +981,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\bTextSpan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\rR\x03end\"\x0f\n" +
-	"\rHealthRequest\"\x8b\x02\n" +
+	"\rHealthRequest\"\xfb\x03\n" +
 	"\x0eHealthResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
@@ -948,7 +989,13 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x06stages\x18\x04 \x03(\v2\x1c.voxmux.plugin.v1.StageStatsR\x06stages\x12\x18\n" +
 	"\acancels\x18\x05 \x01(\x04R\acancels\x12*\n" +
 	"\x11cancel_freeing_ns\x18\x06 \x01(\x04R\x0fcancelFreeingNs\x121\n" +
-	"\x15cancel_freeing_max_ns\x18\a \x01(\x04R\x12cancelFreeingMaxNs\"\x84\x01\n" +
+	"\x15cancel_freeing_max_ns\x18\a \x01(\x04R\x12cancelFreeingMaxNs\x12*\n" +
+	"\x11prompt_cache_hits\x18\b \x01(\x04R\x0fpromptCacheHits\x12.\n" +
+	"\x13prompt_cache_misses\x18\t \x01(\x04R\x11promptCacheMisses\x124\n" +
+	"\x16prompt_cache_evictions\x18\n" +
+	" \x01(\x04R\x14promptCacheEvictions\x12,\n" +
+	"\x12prompt_cache_bytes\x18\v \x01(\x04R\x10promptCacheBytes\x12.\n" +
+	"\x13prompt_cache_voices\x18\f \x01(\rR\x11promptCacheVoices\"\x84\x01\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +

@@ -4,7 +4,7 @@
                                                 [--device cpu|cuda] [--voice NAME=VOICE_DIR]...
                                                 [--voice-wav NAME=WAV --voice-text NAME=TRANSCRIPT]...
                                                 [--random-voice NAME:SECONDS]... [--flow-noise FILE]
-                                                [--hift-noise FILE] [--no-check]
+                                                [--hift-noise FILE] [--chunk-flow] [--no-check]
 
 MODEL_DIR is the directory as released (Fun-CosyVoice3-0.5B): cosyvoice3.yaml, llm.pt, flow.pt,
 hift.pt and CosyVoice-BlankEN/ (the Qwen2 config and tokenizer files). OUT_DIR gets:
@@ -13,6 +13,10 @@ hift.pt and CosyVoice-BlankEN/ (the Qwen2 config and tokenizer files). OUT_DIR g
   lm.onnx                the LM with its key/value cache as inputs and outputs (lm.dtype)
   flow_encoder.onnx      speech tokens -> mu (token embedding and look-ahead layer)
   flow_step.onnx         one guided Euler step of the DiT, with the voice's cond and embedding
+  flow_chunk.onnx        with --chunk-flow: one guided Euler step over new frames under CosyVoice's
+                         streaming (chunk-causal) mask, from the keys and values of every earlier
+                         frame (docs/cosyvoice3.md, "Chunk-causal flow"); the manifest's
+                         flow.chunk_step names it
   vocoder.onnx           HiFT, float32, with its source phase carried between windows
   flow_noise.f32         the flow's starting noise by frame, as the reference draws it
   tokenizer/             the Qwen2 tokenizer files
@@ -192,6 +196,35 @@ def export_flow(flow, cfg, out, dtype, device):
            {"x": fa, "mask": fa, "mu": fa, "cond": fa, "t": {0: "B"}, "embedding": {0: "B"}, "x_next": fa})
 
 
+CHUNK_INPUTS = ["x", "mask", "mu", "cond", "start", "t", "dt", "cfg", "embedding", "past_kv"]
+
+
+def chunk_flow_args(flow, B, N, P, device, seed=0):
+    """Inputs of net.ChunkFlowStep for B rows of N new frames after P past frames."""
+    c = flow.c
+    g = torch.Generator().manual_seed(seed)
+    C = net.conv_context(flow)
+    W = C + N
+    mask = torch.ones(B, 1, W)
+    mask[:, :, :max(C - P, 0)] = 0
+    inner = c.heads * c.dim_head
+    dtype = next(flow.parameters()).dtype
+    args = (torch.randn(B, c.mel, W, generator=g), mask, torch.randn(B, c.mel, W, generator=g),
+            torch.randn(B, c.mel, W, generator=g), torch.full((B,), P, dtype=torch.int64),
+            torch.full((B,), 0.3), torch.full((1,), 0.1), torch.full((1,), c.cfg_rate),
+            torch.randn(B, c.spk_dim, generator=g), torch.randn(B, max(P, 1), c.depth, 4, inner, generator=g).to(dtype))
+    return tuple(a.to(device) for a in args)
+
+
+def export_chunk_flow(flow, out, device):
+    step = net.ChunkFlowStep(flow)
+    fa = {0: "B", 2: "W"}
+    export(step, chunk_flow_args(flow, 2, 20, 30, device), os.path.join(out, "flow_chunk.onnx"), CHUNK_INPUTS,
+           ["x_next", "present_kv"],
+           {"x": fa, "mask": fa, "mu": fa, "cond": fa, "start": {0: "B"}, "t": {0: "B"}, "embedding": {0: "B"},
+            "past_kv": {0: "B", 1: "P"}, "x_next": {0: "B", 2: "N"}, "present_kv": {0: "B", 1: "N"}})
+
+
 def export_vocoder(hift, cfg, out):
     c = cfg.hift
     H = c.nb_harmonics + 1
@@ -298,6 +331,18 @@ def check_onnx(out, lm, flow, hift, cfg):
     with torch.no_grad():
         want = lm(ids, torch.arange(4).unsqueeze(0), torch.ones(1, 4, dtype=torch.int64), *past)[0]
     log("  lm.onnx against PyTorch: max |diff| %.2e" % np.abs(got - want.numpy()).max())
+    chunk = os.path.join(out, "flow_chunk.onnx")
+    if os.path.isfile(chunk):
+        # Three chunks after 70 past frames, so the mask's chunks, the past and the context all count.
+        s = ort.InferenceSession(chunk, so, providers=["CPUExecutionProvider"])
+        args = chunk_flow_args(flow, 2, 150, 70, "cpu", seed=1)
+        got = s.run(None, {n: a.numpy() for n, a in zip(CHUNK_INPUTS, args)})
+        with torch.no_grad():
+            want = net.ChunkFlowStep(flow)(*args)
+        worst = max(float(np.abs(g - w.numpy()).max()) for g, w in zip(got, want))
+        log("  flow_chunk.onnx against PyTorch: max |diff| %.2e" % worst)
+        if worst > 1e-4:
+            raise SystemExit("flow_chunk.onnx differs from the network by %.2e" % worst)
 
 
 def write_voice(out, name, text, tokens, mel, embedding):
@@ -435,7 +480,7 @@ flow:
   embedding_dim: {spk_dim}
   lookahead_tokens: {lookahead}
   noise: flow_noise.f32
-vocoder:
+{chunk_flow}vocoder:
   file: vocoder.onnx
   hop: {hop}
   context_frames: {voc_ctx}
@@ -446,6 +491,14 @@ streaming:
   chunk_tokens: {chunks}
   context_tokens: {ctx}
 {voice_encoder}"""
+
+CHUNK_FLOW = """\
+  chunk_step: flow_chunk.onnx
+  chunk_frames: {chunk}
+  conv_context_frames: {ctx}
+  kv_layers: {layers}
+  kv_width: {width}
+"""
 
 VOICE_ENCODER = """\
 voice_encoder:
@@ -494,6 +547,8 @@ def main():
                     help="the LM's key/value cache contract (docs/pipeline.md): concat runs on every "
                          "provider; shared (in place, ONNX Runtime's GroupQueryAttention) is the fast "
                          "one on CUDA, which runs it in float16 only")
+    ap.add_argument("--chunk-flow", action="store_true",
+                    help="also write flow_chunk.onnx, the chunk-causal step over cached keys and values")
     ap.add_argument("--no-check", action="store_true")
     a = ap.parse_args()
     taken = {"default"} | {v.partition("=")[0] for v in a.voice} | {v.partition(":")[0] for v in a.random_voice}
@@ -529,6 +584,11 @@ def main():
     flow.to(dev, dtype)
     export_lm(lm, cfg, out, dtype, dev, a.cache)
     export_flow(flow, cfg, out, dtype, dev)
+    chunk_flow = ""
+    if a.chunk_flow:
+        export_chunk_flow(flow, out, dev)
+        chunk_flow = CHUNK_FLOW.format(chunk=cfg.flow.chunk_frames, ctx=net.conv_context(flow),
+                                       layers=cfg.flow.depth, width=cfg.flow.heads * cfg.flow.dim_head)
     if not a.no_check and a.device == "cpu" and dtype == torch.float32 and a.cache == "concat":
         check_onnx(out, lm, flow, hift, cfg)
 
@@ -573,7 +633,7 @@ def main():
             spk_dim=cfg.flow.spk_dim, lookahead=cfg.flow.lookahead, hop=cfg.hift.hop,
             voc_ctx=voc_ctx, voc_la=VOCODER_LOOKAHEAD, harmonics=H,
             phase_frames=net.F0_LEFT_FRAMES, chunks=CHUNK_TOKENS, ctx=CONTEXT_TOKENS,
-            voice_encoder=voice_encoder))
+            voice_encoder=voice_encoder, chunk_flow=chunk_flow))
     log("wrote %s" % os.path.join(out, "pipeline.yaml"))
 
 

@@ -102,6 +102,8 @@ class FlowConfig:
     cfg_rate: float
     schedule: str
     steps: int = 10
+    chunk_frames: int = 50      # static_chunk_size: the streaming mask's chunk, in frames
+    left_chunks: int = -1       # num_decoding_left_chunks: -1, every earlier chunk visible
 
 
 @dataclass
@@ -167,7 +169,9 @@ def load_config(model_dir):
         lookahead_channels=int(flow["pre_lookahead_layer"]["channels"]), dim=int(est["dim"]),
         depth=int(est["depth"]), heads=int(est["heads"]), dim_head=int(est["dim_head"]),
         ff_mult=float(est["ff_mult"]), cfg_rate=float(cfm["inference_cfg_rate"]),
-        schedule=str(cfm.get("t_scheduler", "linear")))
+        schedule=str(cfm.get("t_scheduler", "linear")),
+        chunk_frames=int(est.get("static_chunk_size", 50)),
+        left_chunks=int(est.get("num_decoding_left_chunks", -1)))
     istft = hift["istft_params"]
     hf = HiFTConfig(
         in_channels=int(hift["in_channels"]), base_channels=int(hift["base_channels"]),
@@ -577,24 +581,35 @@ class DiT(nn.Module):
         self.norm_out = AdaLayerNormZero(c.dim, 2)
         self.proj_out = nn.Linear(c.dim, c.mel)
 
-    def forward(self, x, mask, mu, t, spks, cond):
-        """All [B,C,F] channel-major as the reference's estimator; mask [B,1,F]; t [B]; spks [B,C]."""
+    def rope(self, pos, dtype):
+        """cos and sin [..., inner] in dtype for absolute frame positions pos [...] (int64):
+        interleaved pairs over the first dim_head channels, 1 and 0 past them."""
+        freqs = pos.to(self.rotary_embed.inv_freq.dtype).unsqueeze(-1) * self.rotary_embed.inv_freq
+        freqs = torch.stack((freqs, freqs), dim=-1).reshape(*pos.shape, -1).to(dtype)
+        rest = self.inner - freqs.shape[-1]
+        return F.pad(freqs.cos(), (0, rest), value=1.0), F.pad(freqs.sin(), (0, rest), value=0.0)
+
+    def forward(self, x, mask, mu, t, spks, cond, chunk=0):
+        """All [B,C,F] channel-major as the reference's estimator; mask [B,1,F]; t [B]; spks [B,C].
+        chunk > 0 is CosyVoice's streaming mask: frame i sees frame j when j // chunk <= i // chunk."""
         x, mu, cond = x.transpose(1, 2), mu.transpose(1, 2), cond.transpose(1, 2)
         Fr = x.shape[1]
         t = self.time_embed(t)
         x = self.input_embed(x, cond, mu, spks)
-        pos = torch.arange(Fr, device=x.device).to(self.rotary_embed.inv_freq.dtype)
-        freqs = pos.unsqueeze(1) * self.rotary_embed.inv_freq.unsqueeze(0)
-        freqs = torch.stack((freqs, freqs), dim=-1).reshape(Fr, -1).to(x.dtype)   # interleaved
-        rest = self.inner - freqs.shape[-1]
-        cos = F.pad(freqs.cos(), (0, rest), value=1.0)
-        sin = F.pad(freqs.sin(), (0, rest), value=0.0)
+        cos, sin = self.rope(torch.arange(Fr, device=x.device), x.dtype)
         # Additive key mask [B,1,1,F]; -30000 removes a key in float16, where -1e9 overflows.
         big = MASKED if x.dtype == torch.float32 else 30000.0
-        bias = ((mask.to(torch.float32) - 1.0) * big).unsqueeze(1).to(x.dtype)
+        keep = mask.to(torch.float32).unsqueeze(1)                                # [B,1,1,F]
+        if chunk > 0:
+            blk = torch.arange(Fr, device=x.device) // chunk
+            keep = keep * (blk.unsqueeze(0) <= blk.unsqueeze(1)).to(torch.float32)  # [B,1,F,F]
+        bias = ((keep - 1.0) * big).to(x.dtype)
         frame_mask = mask.transpose(1, 2).to(x.dtype)                             # [B,F,1]
         for block in self.transformer_blocks:
             x = block(x, t, bias, cos, sin, frame_mask)
+        return self.out(x, t)
+
+    def out(self, x, t):
         e = self.norm_out.linear(F.silu(t))
         scale, shift = torch.chunk(e, 2, dim=1)
         x = layer_norm(x, self.dim) * (1 + scale)[:, None, :] + shift[:, None, :]
@@ -633,11 +648,13 @@ class CosyVoice3Flow(nn.Module):
 
 class FlowStep(nn.Module):
     """One guided Euler step: forward(x, mask, mu, t, dt, cfg, cond, embedding) -> x_next.
-    The unconditional pass zeroes mu, the speaker and cond, as the reference's solver does."""
+    The unconditional pass zeroes mu, the speaker and cond, as the reference's solver does.
+    chunk > 0 runs the DiT under CosyVoice's streaming mask (DiT.forward)."""
 
-    def __init__(self, flow):
+    def __init__(self, flow, chunk=0):
         super().__init__()
         self.flow = flow
+        self.chunk = chunk
 
     def forward(self, x, mask, mu, t, dt, cfg, cond, embedding):
         dtype = self.flow.spk_embed_affine_layer.weight.dtype
@@ -649,10 +666,124 @@ class FlowStep(nn.Module):
         T = torch.cat([t, t], dim=0).to(dtype)
         S = torch.cat([spks, torch.zeros_like(spks)], dim=0)
         C = torch.cat([condd, torch.zeros_like(condd)], dim=0)
-        v = self.flow.decoder.estimator(X, M, MU, T, S, C).to(torch.float32)
+        v = self.flow.decoder.estimator(X, M, MU, T, S, C, chunk=self.chunk).to(torch.float32)
         B = x.shape[0]
         vc, vu = v[:B], v[B:]
         return (x + dt * ((1.0 + cfg) * vc - cfg * vu)) * mask
+
+
+def conv_context(flow):
+    """Frames before a frame that the DiT's causal position convolutions read (two of kernel k)."""
+    return 2 * (flow.decoder.estimator.input_embed.conv_pos_embed.k - 1)
+
+
+class ChunkFlowStep(nn.Module):
+    """One guided Euler step over new frames under CosyVoice's streaming mask, given the keys and
+    values of every earlier frame (docs/cosyvoice3.md, "Chunk-causal flow"):
+
+    forward(x, mask, mu, cond, start, t, dt, cfg, embedding, past_kv) -> (x_next, present_kv)
+
+    x, mu, cond [B,mel,C+N]: C = conv_context(flow) frames before the new ones (x as it entered
+      this step), then N new frames; mask [B,1,C+N] is 1 for frames that exist (0 for context
+      before frame 0 and for padding after a row's new frames);
+    start [B] int64: the absolute frame (from the voice prompt's first) of the first new frame;
+    past_kv [B,P,L,4,inner], P >= 1: frames 0..start-1 of each row at this step, per layer
+      (keys of the conditional and unconditional passes, then their values, after the rotary
+      embedding); frames from start on are ignored;
+    x_next [B,mel,N]; present_kv [B,N,L,4,inner]: the new frames' keys and values, to append.
+
+    A frame at absolute position i sees every past frame and the new frames j with
+    j // chunk <= i // chunk: over frames that start on a chunk boundary this is the reference's
+    streaming mask (num_decoding_left_chunks -1), so feeding back every complete chunk's
+    present_kv computes what one run over the whole sequence computes."""
+
+    def __init__(self, flow):
+        super().__init__()
+        if flow.c.left_chunks >= 0:
+            raise ValueError("num_decoding_left_chunks %d: the cached flow needs every earlier chunk "
+                             "visible (-1)" % flow.c.left_chunks)
+        self.flow = flow
+        self.chunk = flow.c.chunk_frames
+        self.context = conv_context(flow)
+
+    def forward(self, x, mask, mu, cond, start, t, dt, cfg, embedding, past_kv):
+        flow, est = self.flow, self.flow.decoder.estimator
+        dtype = flow.spk_embed_affine_layer.weight.dtype
+        B, Cx = x.shape[0], self.context
+        spks = flow.speaker(embedding)
+        xd, maskd, mud, condd = x.to(dtype), mask.to(dtype), mu.to(dtype), cond.to(dtype)
+        X = torch.cat([xd, xd], dim=0).transpose(1, 2)
+        MU = torch.cat([mud, torch.zeros_like(mud)], dim=0).transpose(1, 2)
+        COND = torch.cat([condd, torch.zeros_like(condd)], dim=0).transpose(1, 2)
+        S = torch.cat([spks, torch.zeros_like(spks)], dim=0)
+        M = torch.cat([maskd, maskd], dim=0).transpose(1, 2)                       # [2B,W,1]
+        T = est.time_embed(torch.cat([t, t], dim=0).to(dtype))
+        ie = est.input_embed
+        S = S.unsqueeze(1).expand(-1, X.shape[1], -1)
+        # Absent context frames are zeros before each convolution, as the convolutions' own
+        # padding before frame 0; present ones make the window's first outputs wrong, but the new
+        # frames read none of those.
+        h = ie.proj(torch.cat([X, COND, MU, S], dim=-1)) * M
+        pe = ie.conv_pos_embed
+        g = pe.conv1(F.pad(h.transpose(1, 2), (pe.k - 1, 0))) * M.transpose(1, 2)
+        g = pe.conv2(F.pad(g, (pe.k - 1, 0))).transpose(1, 2)
+        h = (g + h)[:, Cx:]
+        N = h.shape[1]
+
+        pos = start.unsqueeze(1) + torch.arange(N, device=x.device).unsqueeze(0)   # [B,N]
+        cos, sin = est.rope(torch.cat([pos, pos], dim=0), dtype)
+        big = MASKED if dtype == torch.float32 else 30000.0
+        P = past_kv.shape[1]
+        past_keep = (torch.arange(P, device=x.device).unsqueeze(0) < start.unsqueeze(1)).to(torch.float32)
+        blk = torch.div(pos, self.chunk, rounding_mode="floor")
+        new = mask[:, 0, Cx:].to(torch.float32)                                   # [B,N]
+        new_keep = new.unsqueeze(1) * (blk.unsqueeze(1) <= blk.unsqueeze(2)).to(torch.float32)
+        bias_past = ((torch.cat([past_keep, past_keep], 0) - 1.0) * big).reshape(2 * B, 1, 1, P).to(dtype)
+        bias_new = ((torch.cat([new_keep, new_keep], 0) - 1.0) * big).unsqueeze(1).to(dtype)
+        frame_mask = M[:, Cx:]
+        inner = est.inner
+        presents = []
+        for i, block in enumerate(est.transformer_blocks):
+            layer = past_kv[:, :, i].to(dtype)                                     # [B,P,4,inner]
+            pk = layer[:, :, 0:2].permute(2, 0, 1, 3).reshape(2 * B, P, inner)
+            pv = layer[:, :, 2:4].permute(2, 0, 1, 3).reshape(2 * B, P, inner)
+            h, k, v = cached_block(block, h, T, cos, sin, frame_mask, pk, pv, bias_past, bias_new)
+            kv = torch.cat([k.reshape(2, B, N, inner), v.reshape(2, B, N, inner)], dim=0)
+            presents.append(kv.permute(1, 2, 0, 3))                                # [B,N,4,inner]
+        vel = est.out(h, T).to(torch.float32)
+        vc, vu = vel[:B], vel[B:]
+        xn, mn = x[:, :, Cx:], mask[:, :, Cx:]
+        return (xn + dt * ((1.0 + cfg) * vc - cfg * vu)) * mn, torch.stack(presents, dim=2)
+
+
+def cached_block(block, x, t, cos, sin, frame_mask, pk, pv, bias_past, bias_new):
+    """DiTBlock.forward for new frames x over past keys pk and values pv [2B,P,inner]; returns the
+    block's output and the new frames' keys and values [2B,N,inner]."""
+    e = block.attn_norm.linear(F.silu(t))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = torch.chunk(e, 6, dim=1)
+    norm = layer_norm(x, block.dim) * (1 + scale_msa[:, None]) + shift_msa[:, None]
+    at = block.attn
+    q, k, v = at.to_q(norm), at.to_k(norm), at.to_v(norm)
+    q = q * cos + rotate_interleaved(q) * sin
+    k = k * cos + rotate_interleaved(k) * sin
+    B, H = x.shape[0], at.heads
+
+    def heads(a):
+        return a.reshape(B, a.shape[1], H, a.shape[-1] // H).transpose(1, 2)
+    qh = heads(q)
+    scale = 1.0 / math.sqrt(qh.shape[-1])
+    # One softmax over past and new keys, written as two parts so the graph has no Concat of
+    # unequal parts (ONNX Runtime's CUDA graphs cannot replay one).
+    sp = torch.matmul(qh, heads(pk).transpose(2, 3)) * scale + bias_past
+    sn = torch.matmul(qh, heads(k).transpose(2, 3)) * scale + bias_new
+    m = torch.maximum(sp.amax(dim=-1, keepdim=True), sn.amax(dim=-1, keepdim=True))
+    ep, en = torch.exp(sp - m), torch.exp(sn - m)
+    den = ep.sum(dim=-1, keepdim=True) + en.sum(dim=-1, keepdim=True)
+    out = (torch.matmul(ep, heads(pv)) + torch.matmul(en, heads(v))) / den
+    out = out.transpose(1, 2).reshape(B, -1, q.shape[-1])
+    x = x + gate_msa.unsqueeze(1) * (at.to_out[0](out) * frame_mask)
+    norm = layer_norm(x, block.dim) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+    return x + gate_mlp.unsqueeze(1) * block.ff(norm), k, v
 
 
 # ---------------------------------------------------------------------------------------------

@@ -343,6 +343,30 @@ def read_voice(out_dir, name, mel_bins, spk_dim):
     return v["text"], toks, mel, emb
 
 
+def reference_config(reference, work, tiny):
+    """The reference's cosyvoice3.yaml (tiny: make_tiny's) and its Config, written under work."""
+    cfg_yaml = os.path.join(reference, "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml")
+    if tiny:
+        from . import make_tiny
+        cfg_yaml = os.path.join(work, "tiny.yaml")
+        with open(cfg_yaml, "w") as f:
+            f.write(make_tiny.YAML)
+        os.makedirs(os.path.join(work, "tinycfg", "CosyVoice-BlankEN"), exist_ok=True)
+        with open(os.path.join(work, "tinycfg", "cosyvoice3.yaml"), "w") as f:
+            f.write(make_tiny.YAML)
+        with open(os.path.join(work, "tinycfg", "CosyVoice-BlankEN", "config.json"), "w") as f:
+            json.dump(make_tiny.QWEN_CONFIG, f)
+        return cfg_yaml, net.load_config(os.path.join(work, "tinycfg"))
+    os.makedirs(os.path.join(work, "cfg", "CosyVoice-BlankEN"), exist_ok=True)
+    with open(os.path.join(work, "cfg", "cosyvoice3.yaml"), "w") as f:
+        f.write(open(cfg_yaml).read())
+    with open(os.path.join(work, "cfg", "CosyVoice-BlankEN", "config.json"), "w") as f:
+        json.dump({"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                   "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+                   "rope_theta": 1000000.0, "vocab_size": 151936}, f)   # Qwen2-0.5B
+    return cfg_yaml, net.load_config(os.path.join(work, "cfg"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reference", required=True)
@@ -357,27 +381,7 @@ def main():
     model_dir = os.path.join(a.work, "model")
     out_dir = os.path.join(a.work, "out")
     os.makedirs(model_dir, exist_ok=True)
-    cfg_yaml = os.path.join(a.reference, "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml")
-    if a.tiny:
-        from . import make_tiny as tiny
-        cfg_yaml = os.path.join(a.work, "tiny.yaml")
-        with open(cfg_yaml, "w") as f:
-            f.write(tiny.YAML)
-        os.makedirs(os.path.join(a.work, "tinycfg", "CosyVoice-BlankEN"), exist_ok=True)
-        with open(os.path.join(a.work, "tinycfg", "cosyvoice3.yaml"), "w") as f:
-            f.write(tiny.YAML)
-        with open(os.path.join(a.work, "tinycfg", "CosyVoice-BlankEN", "config.json"), "w") as f:
-            json.dump(tiny.QWEN_CONFIG, f)
-        cfg = net.load_config(os.path.join(a.work, "tinycfg"))
-    else:
-        os.makedirs(os.path.join(a.work, "cfg", "CosyVoice-BlankEN"), exist_ok=True)
-        with open(os.path.join(a.work, "cfg", "cosyvoice3.yaml"), "w") as f:
-            f.write(open(cfg_yaml).read())
-        with open(os.path.join(a.work, "cfg", "CosyVoice-BlankEN", "config.json"), "w") as f:
-            json.dump({"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-                       "num_attention_heads": 14, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-                       "rope_theta": 1000000.0, "vocab_size": 151936}, f)   # Qwen2-0.5B
-        cfg = net.load_config(os.path.join(a.work, "cfg"))
+    cfg_yaml, cfg = reference_config(a.reference, a.work, a.tiny)
     log("building the reference's modules")
     torch.manual_seed(1234)
     lm, flow, hift = build_reference(cfg)

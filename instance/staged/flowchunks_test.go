@@ -1,0 +1,199 @@
+package staged
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/voxmux/voxmux/tts"
+)
+
+// tinyChunkEngine serves the tiny CosyVoice3 export with flow.chunk_step on the CPU, its prompt
+// cache bounded to cacheBytes and its chunks ending as emit says; mels records each chunk's mel.
+func tinyChunkEngine(t *testing.T, cacheBytes int64, emit ChunkEmit) (*Engine, *melLog) {
+	t.Helper()
+	c, _ := tinyChunkFlow(t) // skips (or fails) without the export
+	p, err := LoadPipeline(tts.LoadConfig{Manifest: c.m.File, Provider: "cpu", ORTLibrary: ortLibrary(t),
+		Engine: tts.EngineSection(`{"flow_chunk_emit": "` + string(emit) + `"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.prompts.limit = cacheBytes
+	e := NewEngine(p)
+	t.Cleanup(func() { e.Close() })
+	log := &melLog{}
+	e.onMel = log.add
+	return e, log
+}
+
+// melLog keeps the chunks' mels of the engine's last request, and its tokens and voice.
+type melLog struct {
+	mu     sync.Mutex
+	chunks [][]float32
+	tokens []int64
+	voice  *Voice
+}
+
+func (l *melLog) add(s *stream, mel []float32, last bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.chunks = append(l.chunks, mel)
+	if last {
+		l.tokens, l.voice = slices.Clone(s.tokens), s.voice
+	}
+}
+
+func (l *melLog) take() (chunks [][]float32, tokens []int64, voice *Voice) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	chunks, tokens, voice = l.chunks, l.tokens, l.voice
+	l.chunks, l.tokens, l.voice = nil, nil, nil
+	return
+}
+
+// wholeChunkRun is the mel of one run over the whole utterance (the voice's prompt, then tokens)
+// under the chunk-causal mask, by the host runner chunkFlow: channel-major [mel][frames] from the
+// voice prompt's first frame.
+func wholeChunkRun(t *testing.T, e *Engine, v *Voice, tokens []int64) ([]float32, int) {
+	t.Helper()
+	m := e.p.m
+	M, R := m.Flow.MelBins, m.Flow.FramesPerToken
+	fc := e.p.flows[0].(*flowChunks)
+	var prompt []int64
+	var cond, emb []float32
+	if v != nil {
+		prompt, cond, emb = v.SpeechTokens, v.Mel, v.Embedding
+	}
+	all := slices.Concat(prompt, tokens)
+	Fr := len(all) * R
+	row := &chunkRow{tokens: all}
+	if err := fc.encode([]*chunkRow{row}); err != nil {
+		t.Fatal(err)
+	}
+	u := utterance{mu: row.mu[:Fr*M], cond: make([]float32, Fr*M), noise: make([]float32, Fr*M), emb: emb}
+	if u.emb == nil {
+		u.emb = make([]float32, m.Flow.EmbeddingDim)
+	}
+	pf := len(cond) / M
+	copy(u.cond, frameMajor(cond, M, pf))
+	T := len(m.noise) / M
+	for f := range Fr {
+		copy(u.noise[f*M:(f+1)*M], m.noise[(f%T)*M:])
+	}
+	cf, err := newChunkFlow(m, fc.step)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mel, err := cf.run(cf.newState(), u, Fr, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mel, len(prompt) * R
+}
+
+// speak runs one request and compares its chunks' mels with the whole chunk-masked run: every
+// chunk but an early first one within float32 rounding. It returns the largest difference of the
+// exact chunks and the first chunk's.
+func speak(t *testing.T, e *Engine, log *melLog, req tts.Request, earlyFirst bool) (exact, first float64) {
+	t.Helper()
+	if err := e.Synthesize(context.Background(), req, func(tts.Chunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	chunks, tokens, voice := log.take()
+	whole, P := wholeChunkRun(t, e, voice, tokens)
+	M := e.p.m.Flow.MelBins
+	Fr := len(whole) / M
+	at := P
+	for i, c := range chunks {
+		n := len(c) / M
+		want := make([]float32, 0, M*n)
+		for ch := range M {
+			want = append(want, whole[ch*Fr+at:ch*Fr+at+n]...)
+		}
+		d := float64(maxDiff(c, want))
+		if i == 0 && earlyFirst {
+			first = d
+		} else {
+			exact = max(exact, d)
+			if d > 1e-4 {
+				t.Errorf("chunk %d of %d (frames %d..%d): max |diff| %.3g against the whole chunk-masked run", i, len(chunks), at, at+n, d)
+			}
+		}
+		at += n
+	}
+	if at != Fr {
+		t.Fatalf("the chunks hold frames %d..%d, the utterance %d..%d", P, at, P, Fr)
+	}
+	return exact, first
+}
+
+const chunkText = "Hello world. This is voxmux, speaking through the chunk-causal flow."
+
+// Streamed through the engine, every chunk after the first equals one run over the whole
+// utterance under CosyVoice's streaming mask, and a second request in the same voice reads the
+// voice's kept frames instead of computing them.
+func TestChunkFlowEngineStreamsExactly(t *testing.T) {
+	e, log := tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
+	exact, first := speak(t, e, log, tts.Request{Text: chunkText, Voice: "bench", Seed: 1}, true)
+	t.Logf("default schedule: chunks after the first within %.2g of the whole run; the early first chunk %.3g", exact, first)
+	if first == 0 {
+		t.Error("the early first chunk equals the whole run's: it does not end inside its chunk")
+	}
+	pc := e.Report().PromptCache
+	if pc.Misses != 1 || pc.Hits != 0 || pc.Voices != 1 || pc.Bytes == 0 {
+		t.Fatalf("after one request: %+v, want one miss and one voice kept", pc)
+	}
+	speak(t, e, log, tts.Request{Text: "Another sentence, in the same voice.", Voice: "bench", Seed: 2}, true)
+	if pc2 := e.Report().PromptCache; pc2.Misses != 1 || pc2.Hits != 1 || pc2.Bytes != pc.Bytes {
+		t.Fatalf("after a second request in the voice: %+v, want one hit and nothing more computed", pc2)
+	}
+	// A voice without a prompt keeps nothing across requests.
+	speak(t, e, log, tts.Request{Text: chunkText, Voice: "default", Seed: 3}, true)
+	if pc3 := e.Report().PromptCache; pc3.Misses != 1 || pc3.Hits != 1 {
+		t.Fatalf("after a request without a prompt: %+v", pc3)
+	}
+}
+
+// With flow_chunk_emit: cosyvoice every chunk, the first included, equals the whole run.
+func TestChunkFlowEngineCosyVoiceBoundaries(t *testing.T) {
+	e, log := tinyChunkEngine(t, 1<<30, ChunkEmitCosyVoice)
+	exact, _ := speak(t, e, log, tts.Request{Text: chunkText, Voice: "bench", Seed: 1}, false)
+	t.Logf("CosyVoice's boundaries: every chunk within %.2g of the whole run", exact)
+}
+
+// A cache too small for a voice drops it once its request ends, and the next request computes it
+// again; a voice whose content changed under the same use (a library voice deleted and made
+// again) is a new entry, never the old one's frames.
+func TestChunkFlowPromptCacheEvictsAndChangedVoice(t *testing.T) {
+	e, log := tinyChunkEngine(t, 1, ChunkEmitEarly)
+	req := tts.Request{Text: chunkText, Voice: "bench", Seed: 1}
+	speak(t, e, log, req, true)
+	speak(t, e, log, req, true)
+	pc := e.Report().PromptCache
+	if pc.Misses != 2 || pc.Hits != 0 || pc.Evictions != 2 || pc.Bytes != 0 || pc.Voices != 0 {
+		t.Fatalf("a 1-byte cache after two requests: %+v, want two misses, two evictions, nothing kept", pc)
+	}
+
+	e, log = tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
+	v := e.p.m.voice("bench")
+	M := e.p.m.Flow.MelBins
+	prompt := func(scale float32) *tts.VoicePrompt {
+		mel := frameMajor(v.Mel, M, len(v.Mel)/M)
+		for i := range mel {
+			mel[i] *= scale
+		}
+		return &tts.VoicePrompt{Text: v.Text, SpeechTokens: v.SpeechTokens, Mel: mel, MelBins: M, Embedding: v.Embedding}
+	}
+	speak(t, e, log, tts.Request{Text: chunkText, Prompt: prompt(1), Seed: 1}, true)
+	// The same name's voice, made again from another clip: its own frames, exact against its own
+	// whole run (speak compares with the changed voice's).
+	speak(t, e, log, tts.Request{Text: chunkText, Prompt: prompt(0.5), Seed: 1}, true)
+	if pc := e.Report().PromptCache; pc.Misses != 2 || pc.Hits != 0 || pc.Voices != 2 {
+		t.Fatalf("a changed voice: %+v, want a second miss", pc)
+	}
+	speak(t, e, log, tts.Request{Text: chunkText, Prompt: prompt(1), Seed: 1}, true)
+	if pc := e.Report().PromptCache; pc.Hits != 1 {
+		t.Fatalf("the first voice again: %+v, want a hit", pc)
+	}
+}
