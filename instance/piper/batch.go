@@ -44,7 +44,7 @@ const (
 	piperQueue       = 1024
 	piperRowIDs      = 400 // a long sentence's ids; BatchIDs = Batch × piperRowIDs
 	piperFirstChunk  = 12  // frames
-	piperChunk       = 96
+	piperChunk       = 256
 )
 
 // piperOptionsFrom resolves the family's engine options e (checked when the config loaded) for

@@ -58,6 +58,7 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		front.Destroy()
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
+	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
 	c := &piperChunker{front: front, dec: dec, split: sp, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {

@@ -213,3 +213,28 @@ func TestPiperChunkedSynthesize(t *testing.T) {
 		t.Errorf("spans end at %d of %d, %d of %d sentences", from, len(text), si, len(sents))
 	}
 }
+
+func TestPiperChunkOptions(t *testing.T) {
+	o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu"}, Options{})
+	if !o.Chunks || o.FirstChunk != piperFirstChunk || o.Chunk != piperChunk {
+		t.Fatalf("defaults %+v", o)
+	}
+	o = piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Decode: DecodeSentences, FirstChunk: 300})
+	if o.Chunks || o.FirstChunk != 300 || o.Chunk != 300 {
+		t.Fatalf("sentences, first chunk above the default most: %+v", o)
+	}
+	got, err := Family{}.ParseOptions(tts.EngineSection(`{"piper_decode": "sentences", "piper_first_chunk": 8, "piper_chunk": 64}`))
+	if want := (Options{Decode: DecodeSentences, FirstChunk: 8, Chunk: 64}); err != nil || got != want {
+		t.Fatalf("got %+v, %v; want %+v", got, err, want)
+	}
+	for section, want := range map[string]string{
+		`{"piper_decode": "frames"}`:  `engine.piper_decode: "frames" is not one of [chunks sentences]`,
+		`{"piper_first_chunk": 0.5}`:  "engine.piper_first_chunk: 0.5 is not a whole number",
+		`{"piper_first_chunk": 2000}`: "engine.piper_first_chunk: 2000 is not a number from 1 to 1024",
+		`{"piper_chunk": -1}`:         "engine.piper_chunk: -1 is not a number from 1 to 4096",
+	} {
+		if _, err := (Family{}).ParseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", section, err, want)
+		}
+	}
+}

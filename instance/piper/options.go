@@ -29,7 +29,7 @@ type Options struct {
 	// 256 samples). 0: 12.
 	FirstChunk int `json:"piper_first_chunk"`
 	// Chunk is the most frames of a later chunk, 1 to 4096: chunks double from FirstChunk up to
-	// it. 0: 96.
+	// it. 0: 256.
 	Chunk int `json:"piper_chunk"`
 }
 
