@@ -15,7 +15,7 @@ PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
 # into models/voices/ through the go command's module cache.
 VOICE_MODULES ?= github.com/amitybell/piper-voice-jenny@v0.0.0-20231118093224-dcf0d49e46b7
 
-.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper tiny-cosyvoice3 tiny-voxcpm voices vet clean
+.PHONY: run test build deps ort ort-gpu consul proto tiny-model tiny-piper tiny-piper-vits tiny-cosyvoice3 tiny-voxcpm voices vet clean
 
 run: deps ort build voices
 	@echo
@@ -61,6 +61,10 @@ tiny-model:
 # Rebuilds models/tiny-piper, the tiny Piper-format voices the tests use (same Debian packages).
 tiny-piper:
 	/usr/bin/python3 -m scripts.piper.make_tiny models/tiny-piper
+
+# Rebuilds models/tiny-piper-vits, tiny voices shaped like Piper's VITS export (chunked decoding).
+tiny-piper-vits:
+	/usr/bin/python3 -m scripts.piper.make_tiny_vits models/tiny-piper-vits
 
 # models/tiny-cosyvoice3: a tiny CosyVoice3 with random weights in the published format
 # (models/tiny-cosyvoice3-published), exported as the real one is, with a random 5 s voice bench

@@ -30,6 +30,9 @@ type piperOptions struct {
 	// BatchIDs bounds a batch's padded size (rows × longest row's ids) so one long sentence does
 	// not make a batch of long rows; a single row of any length still runs.
 	BatchIDs int
+	// Chunks: decode sentences in chunks of FirstChunk frames, doubling up to Chunk (chunked.go).
+	Chunks            bool
+	FirstChunk, Chunk int
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -40,6 +43,8 @@ const (
 	piperCUDAWorkers = 2
 	piperQueue       = 1024
 	piperRowIDs      = 400 // a long sentence's ids; BatchIDs = Batch × piperRowIDs
+	piperFirstChunk  = 12  // frames
+	piperChunk       = 256
 )
 
 // piperOptionsFrom resolves the family's engine options e (checked when the config loaded) for
@@ -53,6 +58,9 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.Workers = cmp.Or(e.Workers, o.Workers)
 	o.Queue = cmp.Or(e.Queue, o.Queue)
 	o.BatchIDs = o.Batch * piperRowIDs
+	o.Chunks = e.Decode != DecodeSentences
+	o.FirstChunk = cmp.Or(e.FirstChunk, piperFirstChunk)
+	o.Chunk = max(cmp.Or(e.Chunk, piperChunk), o.FirstChunk)
 	return o
 }
 
@@ -65,6 +73,7 @@ type piperJob struct {
 	sid    int64
 	scales [3]float32
 	done   chan piperResult // buffered: a worker never waits for a request that left
+	parts  *piperParts      // a chunked session's audio, part by part, instead of done
 }
 
 type piperResult struct {
@@ -78,18 +87,27 @@ type piperSession struct {
 	file    *piperFile
 	opts    piperOptions
 	lengths bool // the graph gives each row's frames (piperLengthOutput), so rows can share a run
-	jobs    chan *piperJob
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	// chunks, when set, is the voice split at its decoder: sentences are decoded in chunks
+	// (chunked.go) and sess is nil.
+	chunks *piperChunker
+	jobs   chan *piperJob
+	stop   chan struct{}
+	wg     sync.WaitGroup
 	// r counts the runs and holds the jobs' requests.
 	r *Runner
 }
 
 func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *Runner) *piperSession {
-	if !lengths {
+	return startPiperSession(&piperSession{sess: sess, file: f, opts: o, lengths: lengths, r: r})
+}
+
+// startPiperSession makes s's queue and starts its workers.
+func startPiperSession(s *piperSession) *piperSession {
+	o := &s.opts
+	if !s.lengths {
 		o.Batch = 1 // without row lengths a padded row's audio cannot be cut
 	}
-	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{}), r: r}
+	s.jobs, s.stop = make(chan *piperJob, o.Queue), make(chan struct{})
 	for range o.Workers {
 		s.wg.Add(1)
 		go s.work()
@@ -168,7 +186,11 @@ func (s *piperSession) work() {
 
 // answer hands j its result and lets go of its request.
 func (s *piperSession) answer(j *piperJob, r piperResult) {
-	j.done <- r
+	if j.parts != nil {
+		j.parts.push(piperPart{pcm: r.pcm, err: r.err, last: true})
+	} else {
+		j.done <- r
+	}
 	s.r.release(j.req)
 }
 
@@ -183,6 +205,10 @@ func (s *piperSession) run(batch []*piperJob) {
 		live = append(live, j)
 	}
 	if len(live) == 0 {
+		return
+	}
+	if s.chunks != nil {
+		s.runChunks(live)
 		return
 	}
 	rows := make([][]int64, len(live))
@@ -212,6 +238,9 @@ func (s *piperSession) close() error {
 		case j := <-s.jobs:
 			s.answer(j, piperResult{err: &tts.Error{Kind: tts.ErrNotReady, Msg: "instance is shutting down"}})
 		default:
+			if s.chunks != nil {
+				return s.chunks.close()
+			}
 			return s.sess.Destroy()
 		}
 	}

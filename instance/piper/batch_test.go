@@ -76,7 +76,7 @@ func TestPiperWithLengths(t *testing.T) {
 // One run of four padded rows gives each row the audio it gets alone: same length, samples within
 // batchTolerance.
 func TestPiperBatchEqualsAlone(t *testing.T) {
-	r := jennyRunner(t, Options{Batch: 8, Workers: 1})
+	r := jennyRunner(t, Options{Batch: 8, Workers: 1, Decode: DecodeSentences})
 	f := r.m.Files[0]
 	s, release, err := r.cache.acquire(f)
 	if err != nil {

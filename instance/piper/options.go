@@ -21,6 +21,31 @@ type Options struct {
 	// Queue is how many sentences may wait per voice before requests are refused as busy (HTTP
 	// 429), 1 to 1048576. 0: 1024.
 	Queue int `json:"piper_queue"`
+	// Decode is how a sentence's audio is made: "chunks" (the default) runs the voice's decoder
+	// over chunks of latent frames and sends each chunk's audio as it is done; "sentences" runs
+	// the whole graph once per sentence (docs/piper.md, "First audio").
+	Decode Decode `json:"piper_decode"`
+	// FirstChunk is the frames of a sentence's first chunk, 1 to 1024 (a frame is the voice's hop,
+	// 256 samples). 0: 12.
+	FirstChunk int `json:"piper_first_chunk"`
+	// Chunk is the most frames of a later chunk, 1 to 4096: chunks double from FirstChunk up to
+	// it. 0: 256.
+	Chunk int `json:"piper_chunk"`
+}
+
+// Decode is how a sentence's audio is made (piper_decode).
+type Decode string
+
+const (
+	// DecodeChunks decodes a sentence in chunks of latent frames, each sent as it is done.
+	DecodeChunks Decode = "chunks"
+	// DecodeSentences runs the whole graph for a sentence and sends its audio at once.
+	DecodeSentences Decode = "sentences"
+)
+
+func (d *Decode) UnmarshalText(b []byte) (err error) {
+	*d, err = engine.ParseEnum(b, DecodeChunks, DecodeSentences)
+	return err
 }
 
 // Name is the family's name, the Kind of its descriptions.
@@ -44,7 +69,8 @@ func (o Options) Validate() error {
 	for _, r := range []struct {
 		key     string
 		v, most int
-	}{{"piper_batch", o.Batch, 1024}, {"piper_workers", o.Workers, 256}, {"piper_queue", o.Queue, 1 << 20}} {
+	}{{"piper_batch", o.Batch, 1024}, {"piper_workers", o.Workers, 256}, {"piper_queue", o.Queue, 1 << 20},
+		{"piper_first_chunk", o.FirstChunk, 1024}, {"piper_chunk", o.Chunk, 4096}} {
 		if r.v < 0 || r.v > r.most {
 			return &tts.OptionError{Key: r.key, Msg: fmt.Sprintf("%d is not a number from 1 to %d", r.v, r.most)}
 		}

@@ -193,7 +193,14 @@ func TestPiperParityAudio(t *testing.T) {
 	p := reference(t)
 	lines := []string{"Dr. Smith paid $3.50 on Jan. 5th.", "What? No!"}
 	_, want := p.run(t, lines, "--noise_scale", "0", "--noise_w", "0", "--sentence_silence", "0")
-	r, _ := openTinyPiper(t, p.voice)
+	// Whole sentences, each scaled to its peak as Piper does; chunked decoding equals this one's raw
+	// audio (TestPiperChunksEqualWhole) but fixes each sentence's gain before its first chunk.
+	r, _, err := openPiper(tts.LoadConfig{Manifest: p.voice, Provider: "cpu", ORTLibrary: ortLibrary(t),
+		Engine: section(t, Options{Decode: DecodeSentences})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
 	r.m.SentenceSilence = 0
 	r.m.Files[0].scales = [3]float32{0, 1, 0}
 	for i, l := range lines {

@@ -77,6 +77,16 @@ func (r *Runner) load(f *piperFile) (*piperSession, error) {
 	if f.HasSID {
 		in = append(in, "sid")
 	}
+	if r.opts.Chunks {
+		c, reason, err := r.newPiperChunker(f, in)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			return startPiperSession(&piperSession{chunks: c, file: f, opts: r.opts, lengths: true, r: r}), nil
+		}
+		slog.Info("piper voice cannot be decoded in chunks; it runs whole sentences", "voice", f.Stem, "reason", reason)
+	}
 	if r.opts.Batch > 1 {
 		g, err := piperWithLengths(f.Path)
 		if err != nil {
@@ -131,27 +141,13 @@ func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	}
 	defer release()
 	rate := v.File.Config.Audio.SampleRate
-	silence := int(math.Round(r.m.SentenceSilence * float64(rate)))
-	from := 0 // where the next sentence's text starts
+	out := &sentenceOut{text: req.Text, rate: rate, silence: int(math.Round(r.m.SentenceSilence * float64(rate))), emit: emit}
 	for i, s := range sents {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		pcm, err := sess.synthesize(ctx, q, s.IDs, scales, v.Speaker)
-		if err != nil {
-			return err
-		}
-		normalizePeak(pcm)
-		if i < len(sents)-1 && silence > 0 {
-			pcm = append(pcm, make([]float32, silence)...)
-		}
-		// Each chunk is a sentence: the text it speaks is exact at its ends.
-		span := tts.TextSpan{Start: from, End: max(from, min(s.End, len(req.Text)))}
-		if i == len(sents)-1 {
-			span.End = len(req.Text)
-		}
-		from = span.End
-		if err := emit(tts.Chunk{PCM: pcm, SampleRate: rate, Index: i, Text: &span}); err != nil {
+		// Each sentence's last chunk ends at its text's end: spans are exact at sentence ends.
+		if err := out.speak(ctx, q, sess, s, i, len(sents), scales, v.Speaker); err != nil {
 			return err
 		}
 	}

@@ -43,6 +43,11 @@ def test_piper_tiny_reproduces_models_tiny_piper(tmp_path):
     same_files(tmp_path, os.path.join(REPO, "models", "tiny-piper"))
 
 
+def test_piper_tiny_vits_reproduces_models_tiny_piper_vits(tmp_path):
+    make("scripts.piper.make_tiny_vits", tmp_path)
+    same_files(tmp_path, os.path.join(REPO, "models", "tiny-piper-vits"))
+
+
 def dims(value_info):
     return [d.dim_param or d.dim_value for d in value_info.type.tensor_type.shape.dim]
 

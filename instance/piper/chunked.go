@@ -1,0 +1,463 @@
+package piper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/tts"
+
+	onnxrt "github.com/yalue/onnxruntime_go"
+)
+
+// Chunked decoding (docs/piper.md, "First audio"). A sentence runs the front graph (split.go)
+// once, which gives its latent frames, then the decoder over chunks of those frames: the first
+// chunk small so its audio leaves early, later ones doubling up to piper_chunk for throughput.
+// Each chunk is decoded with the decoder's receptive field of latent frames on each side (fewer at
+// the sentence's ends, where a whole run sees the convolutions' zero padding too), and that
+// context's audio is cut off, so the chunks joined equal one decoder run over the whole sentence
+// to float rounding. The rows of a front batch are decoded together, chunk by chunk.
+
+// calibrationText is synthesized once when a chunked voice loads: digits, which every espeak-ng
+// language reads, so any voice says something typical of its speech.
+const calibrationText = "1 2 3 4 5 6 7 8 9 10."
+
+// piperChunker is a voice's graph split into a front and a decoder session.
+type piperChunker struct {
+	front, dec  *onnxrt.DynamicAdvancedSession
+	split       *piperSplit
+	first, most int // chunk frames: the first chunk's, and the most of a later one's
+	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
+	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
+	peak float32
+}
+
+// newPiperChunker splits f's graph and loads its two sessions; a graph that cannot be split gives
+// a reason and no chunker.
+func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, string, error) {
+	sp, reason, err := splitPiper(f.Path)
+	if err != nil || sp == nil {
+		return nil, reason, err
+	}
+	front, err := r.rt.SessionFromData("piper-front", sp.front, in, []string{sp.latent, piperLengthOutput})
+	if err != nil {
+		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+	}
+	decIn := []string{sp.latent}
+	if sp.decoderSID {
+		decIn = append(decIn, "sid")
+	}
+	dec, err := r.rt.SessionFromData("piper-decoder", sp.decoder, decIn, []string{"output"})
+	if err != nil {
+		front.Destroy()
+		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+	}
+	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
+	c := &piperChunker{front: front, dec: dec, split: sp, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	sents, err := f.sentences(r.ph, calibrationText)
+	if err == nil && len(sents) > 0 {
+		var pcm []float32
+		pcm, err = c.whole(f, sents[0].IDs, 0, [3]float32{0, f.scales[1], 0})
+		c.peak = rawPeak(pcm)
+	}
+	if err != nil {
+		c.close()
+		return nil, "", fmt.Errorf("piper voice %s: calibration: %w", f.Path, err)
+	}
+	return c, "", nil
+}
+
+func (c *piperChunker) close() error {
+	return errors.Join(c.front.Destroy(), c.dec.Destroy())
+}
+
+// latent is one sentence's front output: channels × frames, frame-minor.
+type latent struct {
+	z        []float32
+	channels int
+	frames   int
+}
+
+// runFront runs rows of ids through the front graph and returns each row's latent, cut to its own
+// frames.
+func (c *piperChunker) runFront(f *piperFile, rows [][]int64, sids []int64, scales [3]float32) ([]latent, error) {
+	vals, err := piperInputs(f, rows, sids, scales)
+	defer func() { ort.Destroy(vals) }()
+	if err != nil {
+		return nil, err
+	}
+	outs := []onnxrt.Value{nil, nil}
+	err = c.front.Run(vals, outs)
+	defer ort.Destroy(outs)
+	if err != nil {
+		return nil, piperRunError(f, len(rows), err)
+	}
+	zt, ok := outs[0].(*onnxrt.Tensor[float32])
+	ft, ok2 := outs[1].(*onnxrt.Tensor[int64])
+	if !ok || !ok2 {
+		return nil, fmt.Errorf("piper voice %s: front outputs are %T and %T", f.Stem, outs[0], outs[1])
+	}
+	shape, frames := zt.GetShape(), ft.GetData()
+	b := len(rows)
+	if len(shape) != 3 || int(shape[0]) != b || len(frames) != b {
+		return nil, fmt.Errorf("piper voice %s: latent of shape %v and row lengths %v for %d rows", f.Stem, shape, frames, b)
+	}
+	ch, longest := int(shape[1]), int(shape[2])
+	z := zt.GetData()
+	out := make([]latent, b)
+	for i := range out {
+		n := int(frames[i])
+		if n < 1 || n > longest {
+			return nil, fmt.Errorf("piper voice %s: row %d has %d frames of %d", f.Stem, i, n, longest)
+		}
+		l := latent{z: make([]float32, ch*n), channels: ch, frames: n}
+		for k := range ch {
+			copy(l.z[k*n:(k+1)*n], z[(i*ch+k)*longest:])
+		}
+		out[i] = l
+	}
+	return out, nil
+}
+
+// window is a part of a row's latent to decode: frames [lo, hi), of which [from, to) are kept.
+type window struct {
+	l              *latent
+	sid            int64
+	lo, hi         int
+	from, to       int
+	leftCtx, right int
+}
+
+// decode runs the decoder over windows as one batch (shorter ones padded with zero frames at the
+// end) and returns each window's kept audio.
+func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
+	b, ch := len(ws), ws[0].l.channels
+	w := 0
+	for _, x := range ws {
+		w = max(w, x.hi-x.lo)
+	}
+	in := make([]float32, b*ch*w)
+	sids := make([]int64, b)
+	for r, x := range ws {
+		n := x.l.frames
+		for k := range ch {
+			copy(in[(r*ch+k)*w:], x.l.z[k*n+x.lo:k*n+x.hi])
+		}
+		sids[r] = x.sid
+	}
+	var vals []onnxrt.Value
+	defer func() { ort.Destroy(vals) }()
+	v, err := onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(w)), in)
+	if err != nil {
+		return nil, fmt.Errorf("piper decoder input: %w", err)
+	}
+	vals = append(vals, v)
+	if c.split.decoderSID {
+		v, err := onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)
+		if err != nil {
+			return nil, fmt.Errorf("piper decoder input: %w", err)
+		}
+		vals = append(vals, v)
+	}
+	outs := []onnxrt.Value{nil}
+	err = c.dec.Run(vals, outs)
+	defer ort.Destroy(outs)
+	if err != nil {
+		return nil, piperRunError(f, b, err)
+	}
+	audio, err := ort.Floats(outs[0])
+	if err != nil {
+		return nil, fmt.Errorf("piper voice %s: %w", f.Stem, err)
+	}
+	hop := c.split.hop
+	if len(audio) != b*w*hop {
+		return nil, fmt.Errorf("piper voice %s: the decoder gave %d samples for %d rows of %d frames, want %d a frame", f.Stem, len(audio), b, w, hop)
+	}
+	out := make([][]float32, b)
+	for r, x := range ws {
+		row := audio[r*w*hop : (r+1)*w*hop]
+		out[r] = append([]float32(nil), row[(x.from-x.lo)*hop:(x.to-x.lo)*hop]...)
+	}
+	return out, nil
+}
+
+// chunkWindow is the window that decodes frames [from, to) of l with the receptive field's
+// context on each side, as far as the sentence reaches.
+func (c *piperChunker) chunkWindow(l *latent, sid int64, from, to int) window {
+	return window{l: l, sid: sid, lo: max(0, from-c.split.left), hi: min(l.frames, to+c.split.right), from: from, to: to}
+}
+
+// whole synthesizes one sentence with the decoder run once over all its frames.
+func (c *piperChunker) whole(f *piperFile, ids []int64, sid int64, scales [3]float32) ([]float32, error) {
+	ls, err := c.runFront(f, [][]int64{ids}, []int64{sid}, scales)
+	if err != nil {
+		return nil, err
+	}
+	out, err := c.decode(f, []window{{l: &ls[0], sid: sid, hi: ls[0].frames, to: ls[0].frames}})
+	if err != nil {
+		return nil, err
+	}
+	return out[0], nil
+}
+
+// runChunks synthesizes a batch of sentences: one front run, then decoder runs of one chunk of
+// every sentence still going, each chunk's audio handed to its request as soon as it is done.
+func (s *piperSession) runChunks(live []*piperJob) {
+	c := s.chunks
+	rows := make([][]int64, len(live))
+	sids := make([]int64, len(live))
+	t0 := time.Now()
+	for i, j := range live {
+		rows[i], sids[i] = j.ids, j.sid
+		s.r.stats.Waited(stageGraph, t0, j.queued)
+	}
+	ls, err := c.runFront(s.file, rows, sids, live[0].scales)
+	if err != nil {
+		s.r.stats.Count(stageGraph, len(live), t0)
+		for _, j := range live {
+			s.answer(j, piperResult{err: err})
+		}
+		return
+	}
+	at := make([]int, len(live)) // each row's next frame
+	for size := c.first; ; size = min(2*size, c.most) {
+		var ws []window
+		var js []*piperJob
+		for i, j := range live {
+			if j == nil {
+				continue
+			}
+			if err := j.ctx.Err(); err != nil {
+				s.answer(j, piperResult{err: err})
+				live[i] = nil
+				continue
+			}
+			to := min(at[i]+size, ls[i].frames)
+			ws = append(ws, c.chunkWindow(&ls[i], sids[i], at[i], to))
+			js = append(js, j)
+			at[i] = to
+		}
+		if len(ws) == 0 {
+			s.r.stats.Count(stageGraph, len(rows), t0)
+			return
+		}
+		pcm, err := c.decode(s.file, ws)
+		for r, j := range js {
+			i := indexOf(live, j)
+			if err != nil {
+				s.answer(j, piperResult{err: err})
+				live[i] = nil
+				continue
+			}
+			last := at[i] == ls[i].frames
+			j.parts.push(piperPart{pcm: pcm[r], from: ws[r].from, to: ws[r].to, total: ls[i].frames, last: last})
+			if last {
+				s.r.release(j.req)
+				live[i] = nil
+			}
+		}
+	}
+}
+
+func indexOf(js []*piperJob, j *piperJob) int {
+	for i, x := range js {
+		if x == j {
+			return i
+		}
+	}
+	return -1
+}
+
+// piperRunError is a failed run's error: out of device memory is the caller's to retry (busy).
+func piperRunError(f *piperFile, rows int, err error) error {
+	if strings.Contains(strings.ToLower(err.Error()), "out of memory") {
+		return &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("piper voice %s: the device ran out of memory for a batch of %d sentences; retry later", f.Stem, rows)}
+	}
+	return fmt.Errorf("piper voice %s: %w", f.Stem, err)
+}
+
+// piperInputs are the graph's inputs for rows of ids: padded with 0 to the longest row,
+// input_lengths each row's own, sid each row's speaker.
+func piperInputs(f *piperFile, rows [][]int64, sids []int64, scales [3]float32) ([]onnxrt.Value, error) {
+	b, t := len(rows), 0
+	for _, r := range rows {
+		t = max(t, len(r))
+	}
+	ids := make([]int64, b*t)
+	lens := make([]int64, b)
+	for i, r := range rows {
+		copy(ids[i*t:], r)
+		lens[i] = int64(len(r))
+	}
+	var vals []onnxrt.Value
+	add := func(v onnxrt.Value, err error) error {
+		if err != nil {
+			return err
+		}
+		vals = append(vals, v)
+		return nil
+	}
+	errs := []error{
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(t)), ids)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), lens)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
+	}
+	if f.HasSID {
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return vals, fmt.Errorf("piper inputs: %w", err)
+	}
+	return vals, nil
+}
+
+// piperPart is a part of a sentence's audio: latent frames [from, to) of total (for a sentence run
+// whole: 0, 1, 1), or the error that ended it.
+type piperPart struct {
+	pcm             []float32
+	from, to, total int
+	last            bool
+	err             error
+}
+
+// piperParts hands a sentence's parts from a worker to its request; the worker never waits.
+type piperParts struct {
+	mu    sync.Mutex
+	parts []piperPart
+	wake  chan struct{}
+}
+
+func newPiperParts() *piperParts { return &piperParts{wake: make(chan struct{}, 1)} }
+
+func (p *piperParts) push(x piperPart) {
+	p.mu.Lock()
+	p.parts = append(p.parts, x)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *piperParts) take() []piperPart {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := p.parts
+	p.parts = nil
+	return out
+}
+
+// stream queues one sentence of request q and calls each with its audio part by part, as the
+// parts are done: one part for a session that runs whole sentences.
+func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scales [3]float32, sid int64, each func(piperPart) error) error {
+	if s.chunks == nil {
+		pcm, err := s.synthesize(ctx, q, ids, scales, sid)
+		if err != nil {
+			return err
+		}
+		return each(piperPart{pcm: pcm, to: 1, total: 1, last: true})
+	}
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, parts: newPiperParts()}
+	s.r.hold(q)
+	select {
+	case s.jobs <- j:
+	default:
+		s.r.release(q)
+		return &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("voice %s: %d sentences are already waiting for synthesis (engine option piper_queue); retry later", s.file.Stem, s.opts.Queue)}
+	}
+	for {
+		select {
+		case <-j.parts.wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		for _, p := range j.parts.take() {
+			if p.err != nil {
+				return p.err
+			}
+			if err := each(p); err != nil {
+				return err
+			}
+			if p.last {
+				return nil
+			}
+		}
+	}
+}
+
+// sentenceOut turns a request's sentences' parts into chunks: gain, the silence between
+// sentences, the text each chunk speaks, and the chunks' index.
+type sentenceOut struct {
+	text    string
+	from    int // where the next sentence's text starts
+	index   int
+	rate    int
+	silence int // samples after every sentence but the last
+	emit    func(tts.Chunk) error
+}
+
+// speak synthesizes sentence i of n (whose text ends at end) and emits its audio. A sentence run
+// whole is scaled to its peak, as Piper does. A chunked sentence's gain must be chosen before its
+// first chunk leaves: it is 1 over the larger of the voice's calibration peak and the peak of the
+// sentence's audio so far, so it falls (never clipping) only where the sentence is louder than
+// the calibration.
+func (o *sentenceOut) speak(ctx context.Context, q *request, sess *piperSession, s piperSentence, i, n int, scales [3]float32, sid int64) error {
+	end := max(o.from, min(s.End, len(o.text)))
+	if i == n-1 {
+		end = len(o.text)
+	}
+	start := o.from
+	var peak float32 = 0.01
+	if sess.chunks != nil {
+		peak = max(peak, sess.chunks.peak)
+	}
+	return sess.stream(ctx, q, s.IDs, scales, sid, func(p piperPart) error {
+		pcm := p.pcm
+		if sess.chunks == nil {
+			normalizePeak(pcm)
+		} else {
+			peak = max(peak, rawPeak(pcm))
+			g := 1 / peak
+			for k, x := range pcm {
+				pcm[k] = min(1, max(-1, x*g))
+			}
+		}
+		span := tts.TextSpan{Start: o.from, End: end}
+		if !p.last {
+			text := o.text[start:end]
+			runes := utf8.RuneCountInString(text)
+			span.End = max(o.from, start+runeOffset(text, runes*p.to/p.total))
+		} else if i < n-1 && o.silence > 0 {
+			pcm = append(pcm, make([]float32, o.silence)...)
+		}
+		o.from = span.End
+		c := tts.Chunk{PCM: pcm, SampleRate: o.rate, Index: o.index, Text: &span}
+		o.index++
+		return o.emit(c)
+	})
+}
+
+func rawPeak(pcm []float32) float32 {
+	var p float32
+	for _, x := range pcm {
+		p = max(p, float32(math.Abs(float64(x))))
+	}
+	return p
+}
+
+// runeOffset is where character n of text starts (len(text) past its end).
+func runeOffset(text string, n int) int {
+	for i := range text {
+		if n == 0 {
+			return i
+		}
+		n--
+	}
+	return len(text)
+}

@@ -1,0 +1,240 @@
+package piper
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/voxmux/voxmux/tts"
+)
+
+// models/tiny-piper-vits is made by scripts/piper/make_tiny_vits.py: Piper's interface with the
+// structure of its VITS export (durations, monotonic path, flow, HiFi-GAN-shaped decoder).
+const (
+	tinyVITSDir   = "../../models/tiny-piper-vits"
+	tinyVITSEN    = tinyVITSDir + "/en_US-tinyvits-x_low.onnx"
+	tinyVITSMulti = tinyVITSDir + "/es_ES-tinyvitsmulti-x_low.onnx"
+)
+
+// Chunked audio equals one decoder run over the whole sentence within chunkTolerance (float32,
+// largest absolute difference of raw audio; measured 0 on the tiny voices, at most 9.3e-7 on jenny).
+const chunkTolerance = 1e-4
+
+// The graph splits at the decoder's input, found by structure, with the decoder's receptive field
+// read from its convolutions; a graph without VITS's structure is refused with the reason.
+func TestPiperSplit(t *testing.T) {
+	for _, c := range []struct {
+		path        string
+		sid         bool
+		left, right int
+	}{
+		{reference(t).voice, false, 13, 12},
+		{tinyVITSEN, false, 7, 6},
+		{tinyVITSMulti, true, 7, 6},
+	} {
+		sp, reason, err := splitPiper(c.path)
+		if err != nil || sp == nil {
+			t.Fatalf("%s: %v %s", c.path, err, reason)
+		}
+		if sp.decoderSID != c.sid || sp.left != c.left || sp.right != c.right || sp.hop != 256 {
+			t.Errorf("%s: decoder input %s, sid %v, field %d/%d frames, hop %d; want sid %v, %d/%d, 256",
+				c.path, sp.latent, sp.decoderSID, sp.left, sp.right, sp.hop, c.sid, c.left, c.right)
+		}
+	}
+	sp, reason, err := splitPiper(tinyPiperEN)
+	if err != nil || sp != nil || !strings.Contains(reason, "length computation") {
+		t.Fatalf("tiny voice without VITS's structure: %v, %v, %q", sp, err, reason)
+	}
+}
+
+// chunkRunner opens a voice with options o and returns its loaded session.
+func chunkRunner(t *testing.T, path string, o Options) (*Runner, *piperSession) {
+	t.Helper()
+	r, _, err := openPiper(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, o)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	for _, f := range r.m.Files {
+		f.scales = [3]float32{0, 1, 0} // deterministic: no noise
+	}
+	s, release, err := r.cache.acquire(r.m.Files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	if (s.chunks != nil) != (o.Decode != DecodeSentences) {
+		t.Fatalf("%s: chunked %v with piper_decode %q", path, s.chunks != nil, o.Decode)
+	}
+	return r, s
+}
+
+// decodeChunks decodes l in the runner's chunk sizes with left and right frames of context.
+func decodeChunks(t *testing.T, c *piperChunker, f *piperFile, l *latent, sid int64, left, right int) []float32 {
+	t.Helper()
+	var out []float32
+	for at, size := 0, c.first; at < l.frames; size = min(2*size, c.most) {
+		to := min(at+size, l.frames)
+		w := window{l: l, sid: sid, lo: max(0, at-left), hi: min(l.frames, to+right), from: at, to: to}
+		pcm, err := c.decode(f, []window{w})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, pcm[0]...)
+		at = to
+	}
+	return out
+}
+
+// Decoded in chunks of 12 frames doubling to 96 (and of 4 frames), with the receptive field as
+// context, a sentence equals the decoder run once over all its frames, which equals the voice's
+// whole graph; with less context than the field it does not. The test logs the largest difference
+// and the least context that keeps it within chunkTolerance.
+func TestPiperChunksEqualWhole(t *testing.T) {
+	ph := testPhonemizer(t)
+	for _, c := range []struct {
+		path string
+		sid  int64
+	}{{tinyVITSEN, 0}, {tinyVITSMulti, 1}, {reference(t).voice, 0}} {
+		for _, sizes := range [][2]int{{12, 96}, {4, 4}} {
+			_, s := chunkRunner(t, c.path, Options{FirstChunk: sizes[0], Chunk: sizes[1]})
+			_, whole := chunkRunner(t, c.path, Options{Decode: DecodeSentences})
+			ch, f := s.chunks, s.file
+			sents, err := f.sentences(ph, "The weather is nice today, so we will walk to the park. What? No!")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for si, sent := range sents {
+				ls, err := ch.runFront(f, [][]int64{sent.IDs}, []int64{c.sid}, f.scales)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l := &ls[0]
+				one, err := ch.decode(f, []window{{l: l, sid: c.sid, hi: l.frames, to: l.frames}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				graph, err := runPiperBatch(whole.sess, f, whole.lengths, [][]int64{sent.IDs}, []int64{c.sid}, f.scales)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(graph[0]) != len(one[0]) {
+					t.Fatalf("%s: whole graph %d samples, front and decoder %d", f.Stem, len(graph[0]), len(one[0]))
+				}
+				if d := piperMaxDiff(graph[0], one[0]); d > chunkTolerance {
+					t.Errorf("%s: front and decoder differ from the whole graph by %g", f.Stem, d)
+				}
+				left, right := ch.split.left, ch.split.right
+				got := decodeChunks(t, ch, f, l, c.sid, left, right)
+				if len(got) != len(one[0]) {
+					t.Fatalf("%s: chunked %d samples, whole %d", f.Stem, len(got), len(one[0]))
+				}
+				d := piperMaxDiff(got, one[0])
+				hop := ch.split.hop
+				inner := piperMaxDiff(got[hop:len(got)-hop], one[0][hop:len(got)-hop])
+				if d > chunkTolerance {
+					t.Errorf("%s, chunks %v, %d frames: chunked differs from whole by %g (%g away from the first and last frames)", f.Stem, sizes, l.frames, d, inner)
+				}
+				t.Logf("%s, chunks %v: %d frames, largest difference %.2g (%.2g away from the ends), receptive field %d/%d frames",
+					f.Stem, sizes, l.frames, d, inner, left, right)
+				if sizes[0] != 4 || si > 0 {
+					continue
+				}
+				// The least context on both sides that keeps the chunks equal.
+				need := 0
+				for k := range max(left, right) + 1 {
+					if piperMaxDiff(decodeChunks(t, ch, f, l, c.sid, min(k, left), min(k, right)), one[0]) <= chunkTolerance {
+						break
+					}
+					need = k + 1
+				}
+				t.Logf("%s, chunks %v: %d frames of context needed", f.Stem, sizes, need)
+				if need == 0 {
+					t.Errorf("%s: chunks of one frame with no context equal the whole run: the test cannot tell context from none", f.Stem)
+				}
+			}
+		}
+	}
+}
+
+// Through Synthesize a chunked sentence arrives in several chunks, the first after its first
+// chunk's frames, each no louder than full scale, with spans that follow each other and end at
+// each sentence's end; the audio, joined, is the whole run's, at one gain per sentence.
+func TestPiperChunkedSynthesize(t *testing.T) {
+	r, s := chunkRunner(t, tinyVITSEN, Options{FirstChunk: 4, Chunk: 16})
+	r.m.SentenceSilence = 0
+	_, whole := chunkRunner(t, tinyVITSEN, Options{Decode: DecodeSentences})
+	text := "The weather is nice today. What? No!"
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var chunks []tts.Chunk
+	err := r.Synthesize(ctx, tts.Request{Text: text}, func(c tts.Chunk) error {
+		chunks = append(chunks, c)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sents, _ := s.file.sentences(testPhonemizer(t), text)
+	if len(chunks) <= len(sents) {
+		t.Fatalf("%d chunks for %d sentences", len(chunks), len(sents))
+	}
+	if n := len(chunks[0].PCM); n != 4*256 {
+		t.Errorf("first chunk %d samples, want 4 frames", n)
+	}
+	from, si := 0, 0
+	var joined []float32
+	for i, c := range chunks {
+		if c.Index != i || c.Text == nil || c.Text.Start != from || c.Text.End < from {
+			t.Fatalf("chunk %d: index %d, span %+v after %d", i, c.Index, c.Text, from)
+		}
+		from = c.Text.End
+		joined = append(joined, c.PCM...)
+		if si < len(sents) && c.Text.End == min(sents[si].End, len(text)) || c.Text.End == len(text) {
+			want, err := runPiperBatch(whole.sess, s.file, whole.lengths, [][]int64{sents[si].IDs}, []int64{0}, s.file.scales)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(joined) != len(want[0]) {
+				t.Fatalf("sentence %d: %d samples chunked, %d whole", si, len(joined), len(want[0]))
+			}
+			g := float64(rawPeak(joined)) / float64(rawPeak(want[0]))
+			for k := range joined {
+				want[0][k] *= float32(g)
+			}
+			if d := piperMaxDiff(joined, want[0]); d > 1e-4 || rawPeak(joined) > 1 {
+				t.Errorf("sentence %d: chunks differ from the whole run at gain %.3f by %g", si, g, d)
+			}
+			joined, si = nil, si+1
+		}
+	}
+	if from != len(text) || si != len(sents) {
+		t.Errorf("spans end at %d of %d, %d of %d sentences", from, len(text), si, len(sents))
+	}
+}
+
+func TestPiperChunkOptions(t *testing.T) {
+	o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu"}, Options{})
+	if !o.Chunks || o.FirstChunk != piperFirstChunk || o.Chunk != piperChunk {
+		t.Fatalf("defaults %+v", o)
+	}
+	o = piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Decode: DecodeSentences, FirstChunk: 300})
+	if o.Chunks || o.FirstChunk != 300 || o.Chunk != 300 {
+		t.Fatalf("sentences, first chunk above the default most: %+v", o)
+	}
+	got, err := Family{}.ParseOptions(tts.EngineSection(`{"piper_decode": "sentences", "piper_first_chunk": 8, "piper_chunk": 64}`))
+	if want := (Options{Decode: DecodeSentences, FirstChunk: 8, Chunk: 64}); err != nil || got != want {
+		t.Fatalf("got %+v, %v; want %+v", got, err, want)
+	}
+	for section, want := range map[string]string{
+		`{"piper_decode": "frames"}`:  `engine.piper_decode: "frames" is not one of [chunks sentences]`,
+		`{"piper_first_chunk": 0.5}`:  "engine.piper_first_chunk: 0.5 is not a whole number",
+		`{"piper_first_chunk": 2000}`: "engine.piper_first_chunk: 2000 is not a number from 1 to 1024",
+		`{"piper_chunk": -1}`:         "engine.piper_chunk: -1 is not a number from 1 to 4096",
+	} {
+		if _, err := (Family{}).ParseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %s", section, err, want)
+		}
+	}
+}
