@@ -10,6 +10,8 @@ LDFLAGS := -X main.version=$(VERSION)
 ORT_DIR := third_party/onnxruntime
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.0
+# More flags for run's serve (scripts/test-run-without-go.sh serves on a free port).
+SERVE_FLAGS ?=
 
 # Published Piper voices as Go modules at pinned versions (docs/piper.md); `make voices` unpacks them
 # into models/voices/ through the go command's module cache.
@@ -22,7 +24,7 @@ run: deps ort build voices
 	@echo "Serving the voice Jenny (Dioco) on http://127.0.0.1:8080 (Ctrl-C stops). Try, in another shell:"
 	@echo "  curl -s 127.0.0.1:8080/v1/audio/speech -d '{\"model\":\"en_GB-jenny_dioco-medium\",\"input\":\"Hello world. This is Jenny, served by voxmux.\",\"response_format\":\"wav\",\"stream\":false}' -o out.wav"
 	@echo
-	$(BIN) serve --config configs/cpu.yaml
+	$(BIN) serve --config configs/cpu.yaml $(SERVE_FLAGS)
 
 # Installs what is missing (Debian packages, ONNX Runtime, a Consul agent), makes
 # models/tiny-cosyvoice3 and models/tiny-voxcpm and runs every test, the Python tests and linter included.

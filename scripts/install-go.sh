@@ -19,7 +19,18 @@ if command -v go >/dev/null && [ "$(minor "$(go version 2>/dev/null)")" -ge 21 ]
   echo go
   exit 0
 fi
+# restore_go_mods DIR: a module zip may not hold another module, so the toolchain's zip holds each
+# go.mod of Go's tree as _go.mod; the go command copies them back when it installs a toolchain, and
+# so does this. Without them voxmux's go.mod would claim third_party/go/src, and `go vet ./...`
+# would take Go's own source for voxmux's. src/go.mod, copied last, says the copying is done.
+restore_go_mods() {
+  [ ! -f "$1/src/go.mod" ] || return 0
+  find "$1" -name _go.mod ! -path "$1/src/_go.mod" -exec sh -c 'for f; do cp "$f" "${f%_go.mod}go.mod"; done' sh {} +
+  cp "$1/src/_go.mod" "$1/src/go.mod"
+}
+
 if [ -x "$dir/bin/go" ] && "$dir/bin/go" version 2>/dev/null | grep -q " go$want "; then
+  restore_go_mods "$dir"
   echo "$dir/bin/go"
   exit 0
 fi
@@ -48,6 +59,7 @@ fi
 src="$tmp/x/$mod@$ver"
 # Module zips keep no file modes: the go command makes these executable itself.
 chmod +x "$src"/bin/* "$src"/pkg/tool/*/*
+restore_go_mods "$src"
 rm -rf "$dir"
 mkdir -p "$(dirname "$dir")"
 mv "$src" "$dir"

@@ -21,6 +21,9 @@ ${MAKE:-make} --no-print-directory tiny-voxcpm
 # voice features), with the Debian interpreter the scripts run under (setup.cfg configures both).
 /usr/bin/python3 -m flake8 scripts instance
 /usr/bin/python3 -m pytest -q scripts/tests
+# `make run` on a machine without Go: every go taken off PATH, the Makefile builds with the toolchain
+# scripts/install-go.sh installs into third_party/go, and the server answers a speech request.
+scripts/test-run-without-go.sh
 export VOXMUX_REQUIRE_TINY_COSYVOICE3=1
 export VOXMUX_REQUIRE_TINY_VOXCPM=1
 $GO vet ./...

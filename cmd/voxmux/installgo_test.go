@@ -6,12 +6,13 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,22 +33,24 @@ func fakeToolchainProxy(t *testing.T, goVersion string, wrongHash bool) string {
 		"bin/gofmt":                "#!/bin/sh\n",
 		"pkg/tool/linux_x/compile": "#!/bin/sh\n",
 		"VERSION":                  "go" + goVersion + "\n",
+		"src/_go.mod":              "module std\n",
+		"src/cmd/_go.mod":          "module cmd\n",
 	}
 	var buf bytes.Buffer
 	zw := zip.NewWriter(&buf)
 	var lines []string
-	for name, body := range files {
+	// The module hash (dirhash's h1) lists the files in the order of their names.
+	for _, name := range slices.Sorted(maps.Keys(files)) {
 		w, err := zw.Create(prefix + name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.Write([]byte(body))
-		lines = append(lines, fmt.Sprintf("%x  %s\n", sha256.Sum256([]byte(body)), prefix+name))
+		w.Write([]byte(files[name]))
+		lines = append(lines, fmt.Sprintf("%x  %s\n", sha256.Sum256([]byte(files[name])), prefix+name))
 	}
 	if err := zw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	sort.Strings(lines)
 	h := sha256.Sum256([]byte(strings.Join(lines, "")))
 	if wrongHash {
 		h[0] ^= 1
@@ -73,7 +76,7 @@ func goEnv(t *testing.T, goVersion, proxy string) []string {
 	t.Helper()
 	bin := t.TempDir()
 	for _, tool := range []string{"bash", "sed", "grep", "dirname", "mktemp", "rm", "curl", "awk", "unzip", "find", "sort", "tr",
-		"xargs", "sha256sum", "cut", "base64", "chmod", "mkdir", "mv", "uname", "cat", "env"} {
+		"xargs", "sha256sum", "cut", "base64", "chmod", "mkdir", "mv", "uname", "cat", "env", "cp", "sh"} {
 		p, err := exec.LookPath(tool)
 		if err != nil {
 			t.Skipf("%s: %v", tool, err)
@@ -123,9 +126,23 @@ func TestInstallGo(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "VERSION")); err != nil {
 			t.Fatalf("the toolchain's files: %v", err)
 		}
-		// Installed once: the next call finds it.
+		// Go's tree keeps its go.mod files, which the module zip holds as _go.mod, so that
+		// voxmux's module (and `go vet ./...`) stops at third_party/go/src.
+		for _, m := range []string{"src/go.mod", "src/cmd/go.mod"} {
+			if b, err := os.ReadFile(filepath.Join(dir, m)); err != nil || !strings.HasPrefix(string(b), "module ") {
+				t.Fatalf("%s: %q, %v", m, b, err)
+			}
+		}
+		// Installed once: the next call finds it, and gives back go.mod files an older install lacks.
+		os.Remove(filepath.Join(dir, "src/go.mod"))
+		os.Remove(filepath.Join(dir, "src/cmd/go.mod"))
 		if out2, stderr, err := run(goEnv(t, have, "file:///nonexistent"), dir); err != nil || out2 != out {
 			t.Fatalf("second call: %q, %v\n%s", out2, err, stderr)
+		}
+		for _, m := range []string{"src/go.mod", "src/cmd/go.mod"} {
+			if _, err := os.Stat(filepath.Join(dir, m)); err != nil {
+				t.Fatalf("second call: %v", err)
+			}
 		}
 	}
 	if out, stderr, err := run(goEnv(t, "1.22.0", "file:///nonexistent"), t.TempDir()); err != nil || out != "go" {
