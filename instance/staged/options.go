@@ -1,7 +1,9 @@
 package staged
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -46,6 +48,13 @@ type Options struct {
 	// Off (the default), items within a third of each other's length share a batch: a chunk padded
 	// to a longer one rounds ONNX Runtime's sums differently (about 5e-7 on models/tiny).
 	ExactBatches bool `json:"exact_batches"`
+	// LMMinTokensPerTextToken replaces the manifest's lm.min_tokens_per_text_token, the fewest
+	// speech tokens a request's text token makes before the LM may end speech (CosyVoice's
+	// min_token_text_ratio, 2). 0: the manifest's. A benchmark with random weights sets it: such
+	// an LM ends speech as soon as it may, so its requests are as short as the minimum allows;
+	// at 9 they are as long as English speech (docs/cosyvoice3.md, "Benchmarks"). With trained
+	// weights a minimum above the model's own forces speech past its natural end.
+	LMMinTokensPerTextToken float64 `json:"lm_min_tokens_per_text_token"`
 }
 
 // NeverSplit is the VocoderWindow that runs every vocoder item whole.
@@ -173,6 +182,24 @@ func (o Options) Validate() error {
 	if o.FlowWorkers < 0 || o.FlowWorkers > 8 {
 		return &tts.OptionError{Key: "flow_workers", Msg: fmt.Sprintf("%d is not a number of workers from 1 to 8", o.FlowWorkers)}
 	}
+	if !(o.LMMinTokensPerTextToken >= 0) || math.IsInf(o.LMMinTokensPerTextToken, 0) {
+		return &tts.OptionError{Key: "lm_min_tokens_per_text_token", Msg: fmt.Sprintf("%v is not a number of speech tokens per text token (0 or more; 0: the manifest's)", o.LMMinTokensPerTextToken)}
+	}
+	return nil
+}
+
+// checkManifest checks the options that depend on the model: lm_min_tokens_per_text_token needs
+// a manifest that bounds speech tokens per text token, and at most its maximum.
+func (o Options) checkManifest(m *Manifest) error {
+	if r := o.LMMinTokensPerTextToken; r > 0 {
+		key := "lm_min_tokens_per_text_token"
+		if m.LM.MaxTokensPerTextToken <= 0 {
+			return &tts.OptionError{Key: key, Msg: "applies to a model whose manifest bounds speech tokens per text token (lm.max_tokens_per_text_token); this one bounds them per character"}
+		}
+		if r > m.LM.MaxTokensPerTextToken {
+			return &tts.OptionError{Key: key, Msg: fmt.Sprintf("%v is more than the manifest's lm.max_tokens_per_text_token (%v)", r, m.LM.MaxTokensPerTextToken)}
+		}
+	}
 	return nil
 }
 
@@ -188,6 +215,9 @@ type options struct {
 	// 0 the vocoder's default window (defaultVocoderWindow), NeverSplit never split.
 	vocoderWindow int
 	exactBatches  bool // flow and vocoder batches of one item length (Options.ExactBatches)
+	// minTokensPerTextToken is the LM's minimum speech tokens per text token: the option's, else
+	// the manifest's lm.min_tokens_per_text_token.
+	minTokensPerTextToken float64
 }
 
 func resolveOptions(o Options, cuda bool, m *Manifest) options {
@@ -200,6 +230,8 @@ func resolveOptions(o Options, cuda bool, m *Manifest) options {
 		vocoderBatches: o.VocoderBatches,
 		vocoderWindow:  o.VocoderWindow,
 		exactBatches:   o.ExactBatches,
+
+		minTokensPerTextToken: cmp.Or(o.LMMinTokensPerTextToken, m.LM.MinTokensPerTextToken),
 	}
 	if r.lmGraph == "" {
 		// The LM's graphs made a decode step 2-3× faster and a prefill of one prompt 3× faster
