@@ -130,6 +130,9 @@ func TestRunStatsAndReport(t *testing.T) {
 		Warmup:           3,
 		Corpus:           testCorpus,
 		Model:            "tiny",
+		Voice:            "bench",
+		RequestLength:    "realistic, 9 speech tokens per text token",
+		VoicePrompt:      "5.0 s",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -194,6 +197,12 @@ func TestRunStatsAndReport(t *testing.T) {
 			t.Errorf("bench.md lacks %q:\n%s", col, md)
 		}
 	}
+	// Under the table: the settings, and per request 2 × 48 chars × 1200 samples / 24 kHz over 12
+	// requests, at 20 chars a second of audio.
+	if want := "Requests: voice `bench` (voice prompt 5.0 s); request length: realistic, 9 speech tokens per text token; " +
+		"≈0.4 s of audio per request, 20.0 characters per second of audio (mean of 12 requests).\n"; !strings.Contains(string(md), want) {
+		t.Errorf("bench.md lacks %q:\n%s", want, md)
+	}
 	var back Report
 	js, err := os.ReadFile(filepath.Join(dir, "bench.json"))
 	if err != nil {
@@ -201,6 +210,9 @@ func TestRunStatsAndReport(t *testing.T) {
 	}
 	if err := json.Unmarshal(js, &back); err != nil {
 		t.Fatalf("bench.json does not parse: %v", err)
+	}
+	if back.Settings.RequestLength != "realistic, 9 speech tokens per text token" || back.Settings.VoicePrompt != "5.0 s" {
+		t.Errorf("bench.json settings %+v", back.Settings)
 	}
 	if back.Targets[0].Levels[1].Chars != 48 || back.Targets[0].Levels[1].Concurrency != 4 {
 		t.Errorf("bench.json round trip lost figures: %+v", back.Targets[0].Levels[1])

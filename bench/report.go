@@ -33,6 +33,8 @@ type Settings struct {
 	Warmup           int     `json:"warmup"`
 	TimeoutSeconds   float64 `json:"timeout_seconds"`
 	CorpusSentences  int     `json:"corpus_sentences"`
+	RequestLength    string  `json:"request_length,omitempty"`
+	VoicePrompt      string  `json:"voice_prompt,omitempty"`
 }
 
 // TargetResult is one target's sweep.
@@ -169,6 +171,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		if errs := errorLines(t); errs != "" {
 			b.WriteString(errs + "\n")
 		}
+		b.WriteString(requestsLine(s, t) + "\n\n")
 		fmt.Fprintf(&b, "GPU figures from: %s.\n\n", t.GPUSource)
 		b.WriteString(stageTable(t))
 	}
@@ -187,6 +190,40 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	b.WriteString("Published figures of other servers, for reference (other hardware): " + PublishedFigures + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// requestsLine states how the requests of t's table were made and what they measured: the
+// voice and its prompt, the request length the servers were set to, the audio a request gave
+// and the characters of text a second of it carried (English speech: 12–15).
+func requestsLine(s Settings, t TargetResult) string {
+	parts := []string{}
+	if s.Voice != "" {
+		v := "voice `" + s.Voice + "`"
+		if s.VoicePrompt != "" {
+			v += " (voice prompt " + s.VoicePrompt + ")"
+		}
+		parts = append(parts, v)
+	} else if s.VoicePrompt != "" {
+		parts = append(parts, "voice prompt "+s.VoicePrompt)
+	}
+	if s.RequestLength != "" {
+		parts = append(parts, "request length: "+s.RequestLength)
+	}
+	var audio float64
+	var n, chars int
+	for _, l := range t.Levels {
+		audio += l.AudioSeconds
+		n += l.Succeeded
+		chars += l.Chars
+	}
+	if n > 0 && audio > 0 {
+		parts = append(parts, fmt.Sprintf("≈%.1f s of audio per request, %.1f characters per second of audio (mean of %d requests)",
+			audio/float64(n), float64(chars)/audio, n))
+	}
+	if len(parts) == 0 {
+		return "Requests: none succeeded."
+	}
+	return "Requests: " + strings.Join(parts, "; ") + "."
 }
 
 func num(v Value, digits int) string {

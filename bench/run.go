@@ -64,6 +64,11 @@ type Options struct {
 	Progress Progress     // nil: none
 	Logger   *slog.Logger // nil: discard
 	Label    string       // free text for the report's title
+	// RequestLength and VoicePrompt say how the servers were set to make requests (as "realistic,
+	// 9 speech tokens per text token" and "5.0 s"), for the report, which states them under every
+	// table beside the audio each request measured.
+	RequestLength string
+	VoicePrompt   string
 }
 
 // DefaultConcurrency is the default sweep: one stream to a load past what one GPU keeps up with.
@@ -91,6 +96,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			Format: o.Format, SampleRate: o.SampleRate, Model: o.Model, Voice: o.Voice,
 			RequestsPerLevel: o.RequestsPerLevel, DurationPerLevel: o.DurationPerLevel.String(),
 			Warmup: o.Warmup, TimeoutSeconds: o.Timeout.Seconds(), CorpusSentences: len(o.Corpus),
+			RequestLength: o.RequestLength, VoicePrompt: o.VoicePrompt,
 		},
 	}
 	for _, t := range o.Targets {

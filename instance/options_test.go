@@ -58,6 +58,10 @@ func TestEngineOptionsOfTheServingFamily(t *testing.T) {
 			[]string{":5:", "groups[0].engine.piper_batches", "unknown key; the piper family's keys are ", "piper_batch, piper_workers"}},
 		{"bad enum value", stagedModel, "    engine:\n      flow_first_worker: both\n",
 			[]string{":5:", "groups[0].engine.flow_first_worker", `"both" is not one of [keep share]`}},
+		{"negative LM minimum", stagedModel, "    engine:\n      lm_min_tokens_per_text_token: -2\n",
+			[]string{":5:", "groups[0].engine.lm_min_tokens_per_text_token", "-2 is not a number of speech tokens per text token"}},
+		{"LM minimum not a number", stagedModel, "    engine:\n      lm_min_tokens_per_text_token: realistic\n",
+			[]string{":5:", "groups[0].engine.lm_min_tokens_per_text_token"}},
 		{"bad voxcpm enum value", voxcpmModel, "    engine:\n      vocoder_cuda_graph: fixed\n",
 			[]string{":5:", "groups[0].engine.vocoder_cuda_graph", `"fixed" is not one of [on off]`}},
 		{"engine option among provider options", piperModel, "    provider_options:\n      piper_batch: \"8\"\n",
@@ -79,7 +83,7 @@ func TestEngineOptionsOfTheServingFamily(t *testing.T) {
 	for model, group := range map[string]string{
 		voxcpmModel: "    engine: {lm_cuda_graph: decode, vocoder_batches: [], intra_op_num_threads: 2}\n",
 		piperModel:  "    engine: {piper_batch: 8, profile: /tmp/p-}\n",
-		stagedModel: "    engine: {flow_workers: 3, vocoder_batches: [1, 4], exact_batches: true}\n",
+		stagedModel: "    engine: {flow_workers: 3, vocoder_batches: [1, 4], exact_batches: true, lm_min_tokens_per_text_token: 9}\n",
 	} {
 		if _, err := checkEngine(t, model, group); err != nil {
 			t.Errorf("%s: %v", model, err)

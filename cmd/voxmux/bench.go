@@ -118,6 +118,8 @@ func benchCmd(localGPU bench.GPUSampler) *cobra.Command {
 	f.StringVar(&outDir, "out", "bench-results", "folder for bench.md, bench.json and bench.png")
 	f.StringVar(&o.GPUMetricsURL, "gpu-metrics", "", "base URL whose /metrics GPU gauges are sampled for every server (default: each server's own)")
 	f.StringVar(&o.Label, "label", "", "title of the report, e.g. the GPU and the model")
+	f.StringVar(&o.RequestLength, "request-length", "", `how the servers were set to make requests long, stated under every table (e.g. "realistic, 9 speech tokens per text token")`)
+	f.StringVar(&o.VoicePrompt, "voice-prompt", "", `the voice's prompt, stated under every table (e.g. "5.0 s")`)
 	f.BoolVar(&quiet, "quiet", false, "no progress bar")
 	f.BoolVar(&ws, "ws", false, "simulate voice agents over the WebSocket text-in API instead")
 	f.Float64Var(&wo.TokenRate, "token-rate", 25, "with --ws: tokens per second each agent's LLM sends")

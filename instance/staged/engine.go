@@ -222,7 +222,7 @@ func (e *Engine) checkPrompt(prompt []int64, seg string, segTokens, i, n int) er
 	}
 	if lim := e.p.lm.limit(); lim > 0 {
 		// The LM's cache holds the prompt and every speech token but the last.
-		minTok, _ := m.TokenBounds(seg, segTokens)
+		minTok, _ := e.p.tokenBounds(seg, segTokens)
 		if len(prompt)+minTok > lim {
 			return tts.Invalid(fmt.Sprintf("input is too long for model %s: %s makes %d prompt tokens and needs at least %d speech tokens, more than the LM's %d positions (lm.max_positions)", m.Name, what, len(prompt), minTok, lim))
 		}

@@ -1,7 +1,9 @@
 package staged
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -53,6 +55,13 @@ type Options struct {
 	FlowPromptCacheMB int `json:"flow_prompt_cache_mb"`
 	// FlowChunkEmit is where a chunk-causal flow's chunks end. Unset: early.
 	FlowChunkEmit ChunkEmit `json:"flow_chunk_emit"`
+	// LMMinTokensPerTextToken replaces the manifest's lm.min_tokens_per_text_token, the fewest
+	// speech tokens a request's text token makes before the LM may end speech (CosyVoice's
+	// min_token_text_ratio, 2). 0: the manifest's. A benchmark with random weights sets it: such
+	// an LM ends speech as soon as it may, so its requests are as short as the minimum allows;
+	// at 9 they are as long as English speech (docs/cosyvoice3.md, "Benchmarks"). With trained
+	// weights a minimum above the model's own forces speech past its natural end.
+	LMMinTokensPerTextToken float64 `json:"lm_min_tokens_per_text_token"`
 }
 
 // ChunkEmit is where the chunk-causal flow's chunks end (flow_chunk_emit).
@@ -202,6 +211,24 @@ func (o Options) Validate() error {
 	if o.FlowPromptCacheMB < 0 {
 		return &tts.OptionError{Key: "flow_prompt_cache_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowPromptCacheMB)}
 	}
+	if !(o.LMMinTokensPerTextToken >= 0) || math.IsInf(o.LMMinTokensPerTextToken, 0) {
+		return &tts.OptionError{Key: "lm_min_tokens_per_text_token", Msg: fmt.Sprintf("%v is not a number of speech tokens per text token (0 or more; 0: the manifest's)", o.LMMinTokensPerTextToken)}
+	}
+	return nil
+}
+
+// checkManifest checks the options that depend on the model: lm_min_tokens_per_text_token needs
+// a manifest that bounds speech tokens per text token, and at most its maximum.
+func (o Options) checkManifest(m *Manifest) error {
+	if r := o.LMMinTokensPerTextToken; r > 0 {
+		key := "lm_min_tokens_per_text_token"
+		if m.LM.MaxTokensPerTextToken <= 0 {
+			return &tts.OptionError{Key: key, Msg: "applies to a model whose manifest bounds speech tokens per text token (lm.max_tokens_per_text_token); this one bounds them per character"}
+		}
+		if r > m.LM.MaxTokensPerTextToken {
+			return &tts.OptionError{Key: key, Msg: fmt.Sprintf("%v is more than the manifest's lm.max_tokens_per_text_token (%v)", r, m.LM.MaxTokensPerTextToken)}
+		}
+	}
 	return nil
 }
 
@@ -220,19 +247,23 @@ type options struct {
 	// promptCacheBytes bounds the chunk-causal flow's prompt cache (Options.FlowPromptCacheMB).
 	promptCacheBytes int64
 	chunkEmit        ChunkEmit
+	// minTokensPerTextToken is the LM's minimum speech tokens per text token: the option's, else
+	// the manifest's lm.min_tokens_per_text_token.
+	minTokensPerTextToken float64
 }
 
 func resolveOptions(o Options, cuda bool, m *Manifest) options {
 	r := options{
-		lmHighPriority: o.LMStreamPriority != PriorityNormal,
-		lmGraph:        o.LMCUDAGraph,
-		flowGraph:      o.FlowCUDAGraph,
-		flowWorkers:    o.FlowWorkers,
-		flowShare:      o.FlowFirstWorker == FirstWorkerShare,
-		vocoderBatches: o.VocoderBatches,
-		vocoderWindow:  o.VocoderWindow,
-		exactBatches:   o.ExactBatches,
-		chunkEmit:      o.FlowChunkEmit,
+		lmHighPriority:        o.LMStreamPriority != PriorityNormal,
+		lmGraph:               o.LMCUDAGraph,
+		flowGraph:             o.FlowCUDAGraph,
+		flowWorkers:           o.FlowWorkers,
+		flowShare:             o.FlowFirstWorker == FirstWorkerShare,
+		vocoderBatches:        o.VocoderBatches,
+		vocoderWindow:         o.VocoderWindow,
+		exactBatches:          o.ExactBatches,
+		chunkEmit:             o.FlowChunkEmit,
+		minTokensPerTextToken: cmp.Or(o.LMMinTokensPerTextToken, m.LM.MinTokensPerTextToken),
 	}
 	mb := int64(o.FlowPromptCacheMB)
 	if mb == 0 {

@@ -45,6 +45,9 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 	if err != nil {
 		return nil, err // the config's own check names its file too
 	}
+	if err := o.checkManifest(m); err != nil {
+		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
+	}
 	rt, err := ort.New(cfg, lmDev, o.Options)
 	if err != nil {
 		return nil, err
@@ -84,6 +87,11 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
 	}
 	return p, nil
+}
+
+// tokenBounds is Manifest.TokenBounds with the engine's minimum (lm_min_tokens_per_text_token).
+func (p *Pipeline) tokenBounds(seg string, textTokens int) (minTok, maxTok int) {
+	return p.m.tokenBounds(seg, textTokens, p.opt.minTokensPerTextToken)
 }
 
 // Manifest returns the pipeline's manifest.

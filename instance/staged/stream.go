@@ -69,7 +69,7 @@ type stream struct {
 func (e *Engine) newStream(ctx context.Context, req tts.Request, voice *Voice, seg string, prompt []int64, segTokens, i int) *stream {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &stream{ctx: ctx, cancel: cancel, req: req, prompt: prompt, voice: voice, lmDone: make(chan struct{})}
-	s.minTok, s.maxTok = e.p.m.TokenBounds(seg, segTokens)
+	s.minTok, s.maxTok = e.p.tokenBounds(seg, segTokens)
 	if lim := e.p.lm.limit(); lim > 0 {
 		s.maxTok = min(s.maxTok, lim-len(prompt))
 	}

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,13 +29,26 @@ func requireTinyCV3() bool { return os.Getenv("VOXMUX_REQUIRE_TINY_COSYVOICE3") 
 // tinyCV3Engine serves models/tiny-cosyvoice3 on the CPU with the engine's defaults.
 func tinyCV3Engine(t *testing.T) *Engine {
 	t.Helper()
+	return tinyCV3EngineWith(t, Options{})
+}
+
+// loadTinyCV3 loads models/tiny-cosyvoice3 on the CPU with opts, skipping the test (or failing
+// it, under VOXMUX_REQUIRE_TINY_COSYVOICE3) where it has not been made.
+func loadTinyCV3(t *testing.T, opts Options) (*Pipeline, error) {
+	t.Helper()
 	if _, err := os.Stat(tinyCV3); err != nil {
 		if requireTinyCV3() {
 			t.Fatalf("%v, and VOXMUX_REQUIRE_TINY_COSYVOICE3 is set", err)
 		}
 		t.Skipf("%v: run make tiny-cosyvoice3", err)
 	}
-	p, err := LoadPipeline(tts.LoadConfig{Manifest: tinyCV3, Provider: "cpu", ORTLibrary: ortLibrary(t)})
+	return LoadPipeline(tts.LoadConfig{Manifest: tinyCV3, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, opts)})
+}
+
+// tinyCV3EngineWith serves models/tiny-cosyvoice3 on the CPU with opts.
+func tinyCV3EngineWith(t *testing.T, opts Options) *Engine {
+	t.Helper()
+	p, err := loadTinyCV3(t, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +181,65 @@ func TestTinyCosyVoice3Chunks(t *testing.T) {
 		}
 		if len(sizes) < 3 || !slices.Equal(sizes, want) {
 			t.Errorf("%s: chunks of %v samples, want %v (at least 3)", voice, sizes, want)
+		}
+	}
+}
+
+// lm_min_tokens_per_text_token raises the LM's minimum: with random weights the LM ends speech
+// as soon as it may, at the manifest's 2 speech tokens per text token, and with the option at 9
+// no sooner than 9 per text token: in both voices, and in each segment of a text split in two.
+func TestTinyCosyVoice3MinTokensPerTextToken(t *testing.T) {
+	const ratio = 9
+	short := tinyCV3EngineWith(t, Options{})
+	long := tinyCV3EngineWith(t, Options{LMMinTokensPerTextToken: ratio})
+	m := long.p.m
+	perTok := m.Flow.FramesPerToken * m.Vocoder.Hop
+	twoSegs := strings.Repeat("The quick brown fox jumps over the lazy dog near the riverbank. ", 8)
+	for _, text := range []string{tinyCV3Text, twoSegs} {
+		segs := m.Segments(text)
+		if text == twoSegs && len(segs) != 2 {
+			t.Fatalf("%d segments, want 2: %q", len(segs), segs)
+		}
+		var textTokens, maxTok int
+		for _, seg := range segs {
+			n := len(m.textIDs(seg))
+			_, hi := m.TokenBounds(seg, n)
+			textTokens, maxTok = textTokens+n, maxTok+hi
+		}
+		voices := []string{"default", "bench"}
+		if text == twoSegs {
+			voices = voices[1:]
+		}
+		for _, voice := range voices {
+			req := tts.Request{Text: text, Voice: voice, Seed: 11}
+			got := len(synth(t, long, req)) / perTok
+			if got < ratio*textTokens || got > maxTok {
+				t.Errorf("%s, %d segment(s) of %d text tokens: %d speech tokens with the option at %d, want at least %d (at most %d)",
+					voice, len(segs), textTokens, got, ratio, ratio*textTokens, maxTok)
+			}
+			base := len(synth(t, short, req)) / perTok
+			if base >= got {
+				t.Errorf("%s: %d speech tokens without the option, %d with it", voice, base, got)
+			}
+			t.Logf("%s, %d segment(s), %d text tokens: %d speech tokens, %d without the option", voice, len(segs), textTokens, got, base)
+		}
+	}
+}
+
+// The option is checked against the manifest when the model loads: more than the manifest's
+// maximum, and a model whose bounds are per character, are refused naming the key and the
+// manifest's file.
+func TestMinTokensPerTextTokenAgainstTheManifest(t *testing.T) {
+	_, err := loadTinyCV3(t, Options{LMMinTokensPerTextToken: 25})
+	for _, want := range []string{tinyCV3, "engine.lm_min_tokens_per_text_token", "25 is more than the manifest's lm.max_tokens_per_text_token (20)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("25 on models/tiny-cosyvoice3: error %v, want it to contain %q", err, want)
+		}
+	}
+	_, err = loadTiny(t, Options{LMMinTokensPerTextToken: 3})
+	for _, want := range []string{"models/tiny/pipeline.yaml", "engine.lm_min_tokens_per_text_token", "bounds them per character"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("on models/tiny: error %v, want it to contain %q", err, want)
 		}
 	}
 }

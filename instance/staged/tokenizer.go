@@ -115,9 +115,14 @@ func (m *Manifest) Segments(s string) []string {
 // TokenBounds returns the minimum and maximum number of speech tokens for text whose prompt
 // holds textTokens tokens of text (bos and sos not counted).
 func (m *Manifest) TokenBounds(s string, textTokens int) (minTok, maxTok int) {
+	return m.tokenBounds(s, textTokens, m.LM.MinTokensPerTextToken)
+}
+
+// tokenBounds is TokenBounds with minPerTextToken in place of lm.min_tokens_per_text_token.
+func (m *Manifest) tokenBounds(s string, textTokens int, minPerTextToken float64) (minTok, maxTok int) {
 	n, lo, hi := float64(utf8.RuneCountInString(s)), m.LM.MinTokensPerChar, m.LM.MaxTokensPerChar
 	if m.LM.MaxTokensPerTextToken > 0 {
-		n, lo, hi = float64(textTokens), m.LM.MinTokensPerTextToken, m.LM.MaxTokensPerTextToken
+		n, lo, hi = float64(textTokens), minPerTextToken, m.LM.MaxTokensPerTextToken
 	}
 	minTok = int(n * lo)
 	maxTok = int(n*hi + 0.5)

@@ -5,6 +5,7 @@ one request at a time per worker.
     usage: python3 -m scripts.cosyvoice3.baseline --model-dir DIR --voices DIR [--port 8081] [--workers 1]
                                                   [--device cuda] [--dtype float16|float32]
                                                   [--byte-fallback]
+                                                  [--min-tokens-per-text-token R]
 
 --model-dir is the directory as released (cosyvoice3.yaml, llm.pt, flow.pt, hift.pt,
 CosyVoice-BlankEN/); the networks are scripts/cosyvoice3/net.py's, loaded as
@@ -19,8 +20,9 @@ Per request, as the reference does:
   256, for a smoke test where transformers is not installed. No text normalization or splitting.
 - LM thread, on its own CUDA stream: the prompt [sos, voice text + text, task id, voice speech
   tokens], greedy decoding with a KV cache grown by concatenation; end of speech is not allowed
-  before 2 tokens per text token, decoding stops at 20. Past 5 silent tokens in a row, further
-  silent ones are dropped, as llm_job drops them.
+  before 2 tokens per text token (--min-tokens-per-text-token, CosyVoice's min_token_text_ratio:
+  the benchmark sets it as it sets voxmux's lm_min_tokens_per_text_token), decoding stops at 20.
+  Past 5 silent tokens in a row, further silent ones are dropped, as llm_job drops them.
 - main thread: whenever hop + 3 look-ahead tokens past the last chunk exist (hop: 25, plus what
   aligns the voice's prompt tokens to 25 for the first chunk; then doubled up to 100), the flow runs
   over the voice's prompt tokens and ALL tokens so far (FlowEncoder, 10 guided Euler steps on the
@@ -112,8 +114,10 @@ def load_voice(d, cfg, tok, device, dtype):
 
 
 class CosyVoice3Pipeline:
-    def __init__(self, model_dir, voices_dir, device, dtype, byte_fallback):
+    def __init__(self, model_dir, voices_dir, device, dtype, byte_fallback,
+                 min_tokens_per_text_token=MIN_TOKENS_PER_TEXT_TOKEN):
         import torch
+        self.min_ratio = min_tokens_per_text_token
         from . import net
         from .export import HIFT_NOISE_SAMPLES, HIFT_NOISE_SEED, load_models
         self.torch = torch
@@ -143,7 +147,7 @@ class CosyVoice3Pipeline:
         """Greedy speech tokens after prompt (unified ids, CosyVoice3LM.forward), one emit each."""
         torch, c = self.torch, self.cfg.lm
         dev = self.device
-        lo, hi = MIN_TOKENS_PER_TEXT_TOKEN * n_text, MAX_TOKENS_PER_TEXT_TOKEN * n_text
+        lo, hi = int(self.min_ratio * n_text), MAX_TOKENS_PER_TEXT_TOKEN * n_text
         past = [torch.zeros(1, c.kv_heads, 0, c.head_dim, device=dev, dtype=self.dtype)] * (2 * c.layers)
         web.greedy_decode(torch, self.lm, prompt, past, lo, hi, c.speech_tokens,
                           lambda tok: c.text_vocab + tok, emit, dev)
@@ -238,9 +242,9 @@ class CosyVoice3Pipeline:
             self.synthesize(WARMUP_TEXT, name, lambda pcm: None)
 
 
-def load_pipeline(model_dir, voices_dir, device, dtype, byte_fallback):
+def load_pipeline(model_dir, voices_dir, device, dtype, byte_fallback, min_ratio=MIN_TOKENS_PER_TEXT_TOKEN):
     """A worker's model (baseline_http.worker_main calls it in the worker process)."""
-    return CosyVoice3Pipeline(model_dir, voices_dir, device, dtype, byte_fallback)
+    return CosyVoice3Pipeline(model_dir, voices_dir, device, dtype, byte_fallback, min_ratio)
 
 
 def main():
@@ -255,16 +259,23 @@ def main():
                     help="the LM's and the flow's (the vocoder runs in float32)")
     ap.add_argument("--byte-fallback", action="store_true",
                     help="without transformers, map text bytes to ids below 256 (smoke tests only)")
+    ap.add_argument("--min-tokens-per-text-token", type=float, default=MIN_TOKENS_PER_TEXT_TOKEN, metavar="R",
+                    help="speech tokens per text token before end of speech is allowed (CosyVoice's "
+                         "min_token_text_ratio, %d; at most %d)" % (MIN_TOKENS_PER_TEXT_TOKEN, MAX_TOKENS_PER_TEXT_TOKEN))
     a = ap.parse_args()
     if a.workers < 1:
         ap.error("--workers must be at least 1")
+    if not 0 <= a.min_tokens_per_text_token <= MAX_TOKENS_PER_TEXT_TOKEN:
+        ap.error("--min-tokens-per-text-token %g: must be from 0 to %d"
+                 % (a.min_tokens_per_text_token, MAX_TOKENS_PER_TEXT_TOKEN))
     voices = voice_names(a.voices)
     if "default" not in voices:
         ap.error("%s has no voice `default` (default/voice.yaml)" % a.voices)
     from . import net
     rate = net.load_config(a.model_dir).sample_rate
     print("loading %d worker(s) on %s (%s; voices %s) ..." % (a.workers, a.device, a.dtype, ", ".join(voices)), flush=True)
-    broker = web.Broker(load_pipeline, (a.model_dir, a.voices, a.device, a.dtype, a.byte_fallback), a.workers)
+    broker = web.Broker(load_pipeline, (a.model_dir, a.voices, a.device, a.dtype, a.byte_fallback,
+                                        a.min_tokens_per_text_token), a.workers)
     return web.serve(broker, a.host, a.port, rate, set(voices), "default")
 
 

@@ -1,6 +1,6 @@
 """Makes a tiny CosyVoice3 model directory in the published format, with random weights.
 
-    usage: python3 -m scripts.cosyvoice3.make_tiny OUT_DIR [--full] [--qwen-files DIR]
+    usage: python3 -m scripts.cosyvoice3.make_tiny OUT_DIR [--full] [--qwen-files DIR] [--pitch LOW:HIGH]
 
 OUT_DIR gets what Fun-CosyVoice3-0.5B ships and scripts/cosyvoice3/export.py reads: cosyvoice3.yaml
 (hyperpyyaml, the published file's structure and keys with small sizes), llm.pt, flow.pt and hift.pt
@@ -17,6 +17,11 @@ audio is noise; its graphs and manifest are the real thing's.
 --full writes CosyVoice3-0.5B's own sizes instead (a 0.5B Qwen2 LM, the 22-layer DiT of 1024
 channels, HiFT of 512): a checkpoint of the real network with random weights, for benchmarks where
 the published weights are not at hand (about 3.4 GB in float32, half a minute to write).
+
+--pitch LOW:HIGH makes HiFT voiced: its F0 predictor gives LOW to HIGH Hz over the mel that the
+exporter's vocoder check runs (export.check_mel), and its sine source carries through to the audio
+as a trained one's does, so that the check exercises the source's phase. Without it the tiny
+HiFT's F0 is below its voicing threshold.
 
 --qwen-files takes the Qwen2 tokenizer files (vocab.json, merges.txt, tokenizer_config.json) from
 DIR instead of unpacking instance/text/testdata/qwen2's.
@@ -222,15 +227,47 @@ def write_voice_networks(out):
                 torch.onnx.export(module, args, path, **kwargs)  # torch without the dynamo= argument
 
 
+def set_pitch(hift, cfg, low, high):
+    """Sets the F0 predictor's output layer so that F0 spans [low, high] Hz over the exporter's
+    check mel, and strengthens the source's merge of the harmonics (default-initialized, it
+    passes a twentieth of the sines' amplitude on)."""
+    from . import export
+    with torch.no_grad():
+        cls = hift.f0_predictor.classifier
+        wx = hift.f0_predictor.features(export.check_mel(cfg)) @ cls.weight[0].double()   # [1, F]
+        centre, half = float(wx.max() + wx.min()) / 2, float(wx.max() - wx.min()) / 2
+        scale = (high - low) / 2 / half
+        cls.weight.mul_(scale)
+        cls.bias.fill_((high + low) / 2 - centre * scale)
+        hift.m_source.l_linear.weight.mul_(20.0)
+
+
+def pop_option(argv, name):
+    if name not in argv:
+        return None
+    i = argv.index(name)
+    value = argv[i + 1] if i + 1 < len(argv) else None
+    if not value:
+        raise SystemExit(__doc__)
+    del argv[i:i + 2]
+    return value
+
+
+def parse_pitch(value):
+    try:
+        low, high = (float(v) for v in value.split(":"))
+    except ValueError:
+        raise SystemExit("--pitch %r: expected LOW:HIGH in Hz, such as 200:1000" % value)
+    if not 10 < low < high:
+        raise SystemExit("--pitch %r: want 10 < LOW < HIGH (HiFT's voicing threshold is 10 Hz)" % value)
+    return low, high
+
+
 def main():
     argv = sys.argv[1:]
-    qwen_files = None
-    if "--qwen-files" in argv:
-        i = argv.index("--qwen-files")
-        qwen_files = argv[i + 1] if i + 1 < len(argv) else None
-        if not qwen_files:
-            raise SystemExit(__doc__)
-        del argv[i:i + 2]
+    qwen_files = pop_option(argv, "--qwen-files")
+    pitch = pop_option(argv, "--pitch")
+    pitch = parse_pitch(pitch) if pitch is not None else None
     args = [a for a in argv if a != "--full"]
     if len(args) != 1:
         raise SystemExit(__doc__)
@@ -278,6 +315,8 @@ def main():
         for p in hift.parameters():
             if p.dim() == 3 and not full:
                 p.normal_(0.0, 0.05)
+    if pitch:
+        set_pitch(hift.eval(), cfg, *pitch)
     llm_state = dict(lm.state_dict())
     llm_state["llm.model.lm_head.weight"] = llm_state["llm.model.model.embed_tokens.weight"]
     torch.save(llm_state, os.path.join(out, "llm.pt"))

@@ -851,11 +851,35 @@ class _F0Predictor(nn.Module):
             nn.Conv1d(ch, ch, 3), nn.ELU(), nn.Conv1d(ch, ch, 3), nn.ELU(), nn.Conv1d(ch, ch, 3), nn.ELU())
         self.classifier = nn.Linear(ch, 1)
 
-    def forward(self, mel):
-        x = self.condnet[1](causal_conv(self.condnet[0], mel, left=0, right=3))
+    def features(self, mel):
+        """The classifier's input [B,F,ch], in float64."""
+        x = elu64(conv64(self.condnet[0], mel.to(torch.float64), 0, 3))
         for i in range(2, len(self.condnet), 2):
-            x = self.condnet[i + 1](causal_conv(self.condnet[i], x))
-        return torch.abs(self.classifier(x.transpose(1, 2)).squeeze(-1))
+            x = elu64(conv64(self.condnet[i], x, self.condnet[i].kernel_size[0] - 1, 0))
+        return x.transpose(1, 2)
+
+    def forward(self, mel):
+        """F0 [B,F] in Hz: computed in float64, as CosyVoice's inference runs the predictor, and
+        given in mel's dtype. In float32 a frame's F0 would round differently in runs of
+        different lengths, and its phase (hop·F0/sample_rate turns a frame, summed) with it."""
+        w, b = self.classifier.weight.to(torch.float64), self.classifier.bias.to(torch.float64)
+        return torch.abs(torch.matmul(self.features(mel), w.t()) + b).squeeze(-1).to(mel.dtype)
+
+
+def conv64(conv, x, left, right):
+    """conv (a Conv1d of stride 1 and dilation 1) over x [B,C,F] in float64, padded with zeros, as
+    a matrix product of the k shifted copies of x: ONNX Runtime's CPU provider has no float64 Conv."""
+    k = conv.kernel_size[0]
+    x = F.pad(x, (left, right))
+    n = x.shape[-1] - (k - 1)
+    cols = torch.cat([x[:, :, j:j + n] for j in range(k)], dim=1)               # [B, k*C, n]
+    w = conv.weight.to(torch.float64).permute(0, 2, 1).reshape(conv.weight.shape[0], -1)   # [out, k*C]
+    return torch.matmul(w, cols) + conv.bias.to(torch.float64).unsqueeze(-1)
+
+
+def elu64(x):
+    """ELU (alpha 1), written out: ONNX Runtime's CPU provider has Elu in float32 only."""
+    return torch.where(x > 0, x, torch.exp(torch.clamp(x, max=0.0)) - 1.0)
 
 
 class _Source(nn.Module):
@@ -871,9 +895,14 @@ class CosyVoice3HiFT(nn.Module):
     -> (audio [B, F*hop], phase_out [B,F,H]).
 
     The reference's sine source has a phase that runs over the whole utterance (a cumulative sum
-    of each frame's F0 in cycles, held for the frame) and noise from a table drawn once; here the
-    phase through frame phase_at-1 comes in (0 for a stream's first window), and the noise is
-    table[(sample_offset + n) mod len(table)]."""
+    of each frame's F0, held for the frame) and noise from a table drawn once; here the phase, in
+    turns, through frame phase_at-1 comes in (0 for a stream's first window), phase_out is each
+    frame's phase in turns reduced to [0, 1), and the noise is table[(sample_offset + n) mod
+    len(table)].
+
+    The phase is summed in float64: a frame advances it by hop·F0/sample_rate turns (180 for the
+    9th harmonic of 1 kHz), so a float32 sum drifts by thousandths of a turn within a window, and
+    a window's audio would depend on where the window starts."""
 
     def __init__(self, c, noise_samples=240000):
         super().__init__()
@@ -919,18 +948,29 @@ class CosyVoice3HiFT(nn.Module):
     def set_noise(self, table):
         self.noise = table.reshape(-1, self.c.nb_harmonics + 1).to(torch.float32).contiguous()
 
+    def phase(self, f0, phase, phase_at):
+        """Each frame's phase in turns, in [0, 1), [B,F,H], continuing `phase` [B,H] given before
+        frame phase_at."""
+        B = f0.shape[0]
+        f64 = torch.float64
+        fn = f0.unsqueeze(-1).to(f64) * self.harmonics.to(f64)                   # [B,F,H]
+        # Turns a frame; whole turns dropped (the reference drops whole cycles a sample, which a
+        # whole number of samples a frame makes whole turns).
+        step = fn * self.c.hop / self.c.sample_rate
+        step = step - torch.floor(step)
+        cs = torch.cumsum(step, dim=1)
+        idx = phase_at.reshape(B, 1, 1).expand(B, 1, step.shape[-1])
+        before = (torch.gather(cs, 1, idx) - torch.gather(step, 1, idx)).reshape(B, 1, -1)
+        turns = phase.to(f64).unsqueeze(1) + (cs - before)
+        return (turns - torch.floor(turns)).to(f0.dtype)
+
     def source(self, f0, phase, phase_at, sample_offset):
-        """The harmonic source [B,1,F*hop] and the cumulative phase through each frame [B,F,H]."""
+        """The harmonic source [B,1,F*hop] and each frame's phase in turns (self.phase)."""
         c = self.c
         hop = c.hop
         B, Fr = f0.shape
-        fn = f0.unsqueeze(-1) * self.harmonics                                    # [B,F,H]
-        rad = torch.fmod(fn / c.sample_rate, 1.0)
-        cs = torch.cumsum(rad, dim=1)
-        idx = phase_at.reshape(B, 1, 1).expand(B, 1, rad.shape[-1])
-        before = (torch.gather(cs, 1, idx) - torch.gather(rad, 1, idx)).reshape(B, 1, -1)
-        cyc = phase.unsqueeze(1) + (cs - before)                                  # [B,F,H]
-        ang = cyc * 2 * math.pi * hop
+        turns = self.phase(f0, phase, phase_at)
+        ang = turns * (2 * math.pi)
         sines = torch.sin(ang).unsqueeze(2).expand(B, Fr, hop, -1).reshape(B, Fr * hop, -1) * c.nsf_alpha
         uv = (f0 > c.voiced_threshold).to(torch.float32)
         uv = uv.unsqueeze(2).expand(B, Fr, hop).reshape(B, Fr * hop, 1)
@@ -939,7 +979,7 @@ class CosyVoice3HiFT(nn.Module):
         amp = uv * c.nsf_sigma + (1 - uv) * c.nsf_alpha / 3
         sw = sines * uv + amp * table
         s = torch.tanh(self.m_source.l_linear(sw))                                # [B,L,1]
-        return s.transpose(1, 2), cyc
+        return s.transpose(1, 2), turns
 
     def stft(self, s):
         pad = self.c.n_fft // 2
@@ -981,8 +1021,8 @@ class CosyVoice3HiFT(nn.Module):
 
     def forward(self, mel, phase, phase_at, sample_offset):
         f0 = self.f0_predictor(mel)
-        s, cyc = self.source(f0, phase, phase_at, sample_offset)
-        return self.decode(mel, s), cyc
+        s, phase_out = self.source(f0, phase, phase_at, sample_offset)
+        return self.decode(mel, s), phase_out
 
 
 # F0 of a frame depends on this many frames before it (four left-causal convolutions of kernel 3).

@@ -28,8 +28,9 @@ The report (JSON) gives every difference and its tolerance; the script exits 1 i
 Reference behaviour worked around, as the reference's own notes say:
 - its cached LM step passes a one-position attention mask that transformers >= 4.53 pads with
   zeros, so cached logits are wrong: the reference side here always runs an uncached forward;
-- HiFT's inference moves its F0 predictor to float64; voxmux's graph computes it in float32, and
-  the tolerance for the waveform reflects that.
+- HiFT's inference moves its F0 predictor to float64, as voxmux's graph computes it, but sums the
+  source's phase in float32 where the graph sums it in float64: voiced frames at high pitch differ
+  by the reference's rounding, and the tolerance for the waveform reflects that.
 """
 
 import argparse
