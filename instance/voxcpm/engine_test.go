@@ -287,25 +287,30 @@ func TestEngineJoinsInGroups(t *testing.T) {
 	m := fakeManifest()
 	e, f := fakeEngine(t, m, 16)
 	f.stepDelay = time.Millisecond
-	first := make(chan struct{})
-	var once sync.Once
-	go e.Synthesize(context.Background(), tts.Request{Text: texts[1]}, func(tts.Chunk) error {
-		once.Do(func() { close(first) })
-		return nil
-	})
-	<-first
 	var reqs []tts.Request
 	for i := range 12 {
 		reqs = append(reqs, tts.Request{Text: texts[i%len(texts)] + strings.Repeat("?", i), Seed: uint64(i)})
 	}
 	want := aloneResults(t, m, reqs)
-	// The steps wait while the burst arrives.
+	// The steps wait while the burst arrives: the gate is set as the running request's first
+	// patch arrives, before its next step, so a slow machine cannot let it finish ungated.
 	gate := make(chan struct{})
-	f.mu.Lock()
-	f.gate = gate
-	f.mu.Unlock()
-	for !f.gated.Load() {
-		time.Sleep(time.Millisecond)
+	first := make(chan struct{})
+	var once sync.Once
+	go e.Synthesize(context.Background(), tts.Request{Text: texts[1]}, func(tts.Chunk) error {
+		once.Do(func() {
+			f.mu.Lock()
+			f.gate = gate
+			f.mu.Unlock()
+			close(first)
+		})
+		return nil
+	})
+	<-first
+	for deadline := time.Now().Add(time.Minute); !f.gated.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the running request took no step after its first patch")
+		}
 	}
 	got := make([]result, len(reqs))
 	var wg sync.WaitGroup
