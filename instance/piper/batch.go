@@ -64,6 +64,7 @@ type piperJob struct {
 	ids    []int64
 	sid    int64
 	scales [3]float32
+	speed  float32          // divides the row's durations where the graph takes piperSpeedInput
 	done   chan piperResult // buffered: a worker never waits for a request that left
 }
 
@@ -78,6 +79,7 @@ type piperSession struct {
 	file    *piperFile
 	opts    piperOptions
 	lengths bool // the graph gives each row's frames (piperLengthOutput), so rows can share a run
+	speed   bool // the graph takes each row's speed (piperSpeedInput, speed.go)
 	jobs    chan *piperJob
 	stop    chan struct{}
 	wg      sync.WaitGroup
@@ -85,11 +87,11 @@ type piperSession struct {
 	r *Runner
 }
 
-func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *Runner) *piperSession {
+func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths, speed bool, r *Runner) *piperSession {
 	if !lengths {
 		o.Batch = 1 // without row lengths a padded row's audio cannot be cut
 	}
-	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{}), r: r}
+	s := &piperSession{sess: sess, file: f, opts: o, lengths: lengths, speed: speed, jobs: make(chan *piperJob, o.Queue), stop: make(chan struct{}), r: r}
 	for range o.Workers {
 		s.wg.Add(1)
 		go s.work()
@@ -98,8 +100,8 @@ func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperO
 }
 
 // synthesize queues one sentence of request q and waits for its audio (not yet peak-normalized).
-func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, scales [3]float32, sid int64) ([]float32, error) {
-	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, done: make(chan piperResult, 1)}
+func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, scales [3]float32, speed float32, sid int64) ([]float32, error) {
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, speed: speed, done: make(chan piperResult, 1)}
 	s.r.hold(q)
 	select {
 	case s.jobs <- j:
@@ -115,9 +117,10 @@ func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, 
 	}
 }
 
-// work runs batches until the session closes. Jobs with other scales than the batch's first (a
-// request's speed changes length_scale, one tensor for the whole batch) or that would pass the
-// batch's padded size are held for this worker's next batch, first in line.
+// work runs batches until the session closes. Jobs with other scales than the batch's first (one
+// tensor for the whole batch; a request's speed changes length_scale where the graph does not
+// take piperSpeedInput, each row's own) or that would pass the batch's padded size are held for
+// this worker's next batch, first in line.
 func (s *piperSession) work() {
 	defer s.wg.Done()
 	var held []*piperJob
@@ -187,12 +190,19 @@ func (s *piperSession) run(batch []*piperJob) {
 	}
 	rows := make([][]int64, len(live))
 	sids := make([]int64, len(live))
+	var speeds []float32
+	if s.speed {
+		speeds = make([]float32, len(live))
+	}
 	t0 := time.Now()
 	for i, j := range live {
 		rows[i], sids[i] = j.ids, j.sid
+		if speeds != nil {
+			speeds[i] = j.speed
+		}
 		s.r.stats.Waited(stageGraph, t0, j.queued)
 	}
-	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, live[0].scales)
+	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, speeds, live[0].scales)
 	s.r.stats.Count(stageGraph, len(live), t0)
 	for i, j := range live {
 		if err != nil {
@@ -218,9 +228,10 @@ func (s *piperSession) close() error {
 }
 
 // runPiperBatch runs rows of ids as one graph run: ids padded with 0 to the longest row,
-// input_lengths each row's own, sid each row's speaker. With lengths, row i's audio is its first
-// frames[i] × hop samples; without, there must be one row and its audio is the whole output.
-func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bool, rows [][]int64, sids []int64, scales [3]float32) ([][]float32, error) {
+// input_lengths each row's own, sid each row's speaker, speeds (nil where the graph does not take
+// piperSpeedInput) each row's speed. With lengths, row i's audio is its first frames[i] × hop
+// samples; without, there must be one row and its audio is the whole output.
+func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bool, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([][]float32, error) {
 	b := len(rows)
 	if !lengths && b != 1 {
 		return nil, fmt.Errorf("piper voice %s: %d rows in one run without the graph's row lengths", f.Stem, b)
@@ -251,6 +262,9 @@ func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bo
 	}
 	if f.HasSID {
 		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+	}
+	if speeds != nil {
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, 1), speeds)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("piper inputs: %w", err)
@@ -302,7 +316,7 @@ func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bo
 
 // runPiper synthesizes one sentence in a run of its own.
 func runPiper(sess *onnxrt.DynamicAdvancedSession, ids []int64, scales [3]float32, v piperVoice) ([]float32, error) {
-	out, err := runPiperBatch(sess, v.File, false, [][]int64{ids}, []int64{v.Speaker}, scales)
+	out, err := runPiperBatch(sess, v.File, false, [][]int64{ids}, []int64{v.Speaker}, nil, scales)
 	if err != nil {
 		return nil, err
 	}

@@ -71,35 +71,44 @@ func openPiper(cfg tts.LoadConfig) (*Runner, tts.Description, error) {
 }
 
 // load opens a voice file's session with its row lengths exposed (piperWithLengths) when the
-// graph has them and batches are wanted, and starts its workers.
+// graph has them and batches are wanted, and its speed input added (piperWithSpeed) when the
+// graph has VITS's duration rounding, and starts its workers.
 func (r *Runner) load(f *piperFile) (*piperSession, error) {
 	in := []string{"input", "input_lengths", "scales"}
 	if f.HasSID {
 		in = append(in, "sid")
 	}
+	out := []string{"output"}
+	var graph []byte
 	if r.opts.Batch > 1 {
 		g, err := piperWithLengths(f.Path)
 		if err != nil {
 			return nil, fmt.Errorf("piper voice %s: %w", f.Path, err)
 		}
 		if g != nil {
-			s, err := r.rt.SessionFromData("piper", g, in, []string{"output", piperLengthOutput})
-			if err != nil {
-				return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
-			}
-			return newPiperSession(s, f, r.opts, true, r), nil
+			graph, out = g, append(out, piperLengthOutput)
+		} else {
+			slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 		}
-		slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 	}
-	s, err := r.rt.Session("piper", f.Path, in, []string{"output"})
+	graph, speed, err := withSpeedInput(f.Path, graph)
 	if err != nil {
-		return nil, fmt.Errorf("piper voice: %w", err)
+		return nil, fmt.Errorf("piper voice %s: %w", f.Path, err)
 	}
-	return newPiperSession(s, f, r.opts, false, r), nil
+	if speed {
+		in = append(in, piperSpeedInput)
+	} else {
+		slog.Info("piper voice has no duration rounding to scale; its speed divides length_scale", "voice", f.Stem)
+	}
+	s, err := r.rt.SessionFromData("piper", graph, in, out)
+	if err != nil {
+		return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+	}
+	return newPiperSession(s, f, r.opts, len(out) > 1, speed, r), nil
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
-// the voice's length_scale. A name the model does not have and a voice prompt (which no Piper
+// the durations of its phonemes and the silence between sentences (speed.go). A name the model does not have and a voice prompt (which no Piper
 // voice speaks in) are the request's errors (tts.Description.CheckRequest).
 func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
 	q, end := r.begin(ctx)
@@ -121,23 +130,24 @@ func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	if len(sents) == 0 {
 		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("espeak-ng found nothing to pronounce in the input for voice %s (espeak voice %s): it has no words it can read, e.g. only emoji or symbols", v.Name, v.File.Config.ESpeak.Voice)}
 	}
-	scales := v.File.scales
-	if req.Speed > 0 {
-		scales[1] /= req.Speed
-	}
 	sess, release, err := r.cache.acquire(v.File)
 	if err != nil {
 		return err
 	}
 	defer release()
+	speed := cmp.Or(max(req.Speed, 0), 1)
+	scales := v.File.scales
+	if !sess.speed {
+		scales[1] /= speed
+	}
 	rate := v.File.Config.Audio.SampleRate
-	silence := int(math.Round(r.m.SentenceSilence * float64(rate)))
+	silence := int(math.Round(r.m.SentenceSilence * float64(rate) / float64(speed)))
 	from := 0 // where the next sentence's text starts
 	for i, s := range sents {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		pcm, err := sess.synthesize(ctx, q, s.IDs, scales, v.Speaker)
+		pcm, err := sess.synthesize(ctx, q, s.IDs, scales, speed, v.Speaker)
 		if err != nil {
 			return err
 		}
