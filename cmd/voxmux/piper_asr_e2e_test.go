@@ -129,19 +129,21 @@ func TestPiperRealVoiceIsIntelligible(t *testing.T) {
 		t.Fatalf("voices: model %q, %v", model, ids)
 	}
 
-	// So does the status page's model line (router/status/app.js reads it from /status.json).
+	// So does the status page's model line (router/status/app.js reads it from /status.json), with
+	// the credit the voice's licence asks for.
 	resp, err := http.Get(s.url + "/status.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var st struct {
 		Model struct {
-			Name string `json:"name"`
+			Name        string `json:"name"`
+			Attribution string `json:"attribution"`
 		} `json:"model"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&st)
 	resp.Body.Close()
-	if err != nil || st.Model.Name != "en_GB-jenny_dioco-medium" {
+	if err != nil || st.Model.Name != "en_GB-jenny_dioco-medium" || !strings.Contains(st.Model.Attribution, "Jenny (Dioco)") {
 		t.Fatalf("status.json model: %+v %v", st, err)
 	}
 
