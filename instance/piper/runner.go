@@ -108,8 +108,9 @@ func (r *Runner) load(f *piperFile) (*piperSession, error) {
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
-// the durations of its phonemes and the silence between sentences (speed.go). A name the model does not have and a voice prompt (which no Piper
-// voice speaks in) are the request's errors (tts.Description.CheckRequest).
+// the durations of its phonemes and the silence between sentences (speed.go). A name the model
+// does not have and a voice prompt (which no Piper voice speaks in) are the request's errors
+// (tts.Description.CheckRequest).
 func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
 	q, end := r.begin(ctx)
 	defer func() { end(err) }()

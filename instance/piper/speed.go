@@ -23,7 +23,7 @@ const piperSpeedInput = "voxmux_speed"
 //	w_ceil = ceil(exp(logw) * x_mask * length_scale)
 //
 // and every phoneme id (half of them the pad id between phonemes) lasts at least one frame, so
-// at speed 4 most ids still last a frame and the audio is only 2.1× shorter, at speed 2 1.7×
+// at speed 4 most ids still last a frame and the audio is only 2.07× shorter, at speed 2 1.65×
 // (docs/piper.md, "Speed"). The rewritten graph keeps length_scale as the voice sets it and
 // replaces w_ceil by the rounded durations divided by the speed, rounded so that they add up to
 // the row's frames divided by the speed:
