@@ -154,6 +154,38 @@ func TestModels(t *testing.T) {
 	}
 }
 
+// A model whose voices' licences ask for a credit has it on /status.json (the status page shows
+// it) and on every GET /v1/models entry; a model without one has neither.
+func TestAttributionShown(t *testing.T) {
+	const credit = "Voice: Jenny (Dioco), from the jenny-tts-dataset"
+	m := tinyModel
+	m.Attribution = credit
+	for _, c := range []struct {
+		m    Model
+		want string
+	}{{m, credit}, {tinyModel, ""}} {
+		url, _ := serveWith(t, c.m, nil, ready("a", &fakeSynth{chunks: 1}, 4))
+		var st StatusView
+		_, body := do(t, "GET", url+"/status.json", "", nil)
+		if err := json.Unmarshal(body, &st); err != nil || st.Model.Attribution != c.want {
+			t.Errorf("status.json: attribution %q (%v), want %q: %s", st.Model.Attribution, err, c.want, body)
+		}
+		var list struct{ Data []modelInfo }
+		_, body = do(t, "GET", url+"/v1/models", "", nil)
+		if err := json.Unmarshal(body, &list); err != nil || len(list.Data) != 2 {
+			t.Fatalf("models: %v %s", err, body)
+		}
+		for _, e := range list.Data {
+			if e.Attribution != c.want {
+				t.Errorf("/v1/models entry %s: attribution %q, want %q", e.ID, e.Attribution, c.want)
+			}
+		}
+		if c.want == "" && strings.Contains(string(body), "attribution") {
+			t.Errorf("/v1/models names an attribution the model has not: %s", body)
+		}
+	}
+}
+
 func TestRequestIDEchoed(t *testing.T) {
 	url, _ := serveWith(t, tinyModel, nil, ready("a", &fakeSynth{chunks: 1}, 4))
 	for _, c := range []struct{ path, method, body string }{

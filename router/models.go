@@ -13,6 +13,9 @@ type modelInfo struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// Attribution is the credit the served voices' licences ask for (tts.Description.Attribution),
+	// on GET /v1/models' entries; absent for none.
+	Attribution string `json:"attribution,omitempty"`
 }
 
 // models answers GET /v1/models (the served model, then its aliases, which reach the same
@@ -20,9 +23,9 @@ type modelInfo struct {
 func (s *Server) models(ctx *fasthttp.RequestCtx, id string) {
 	m := s.o.Pool.Model()
 	created := s.started.Unix()
-	list := []modelInfo{{ID: m.Name, Object: "model", Created: created, OwnedBy: "voxmux"}}
+	list := []modelInfo{{ID: m.Name, Object: "model", Created: created, OwnedBy: "voxmux", Attribution: m.Attribution}}
 	for _, a := range s.o.ModelAliases {
-		list = append(list, modelInfo{ID: a, Object: "model", Created: created, OwnedBy: "voxmux"})
+		list = append(list, modelInfo{ID: a, Object: "model", Created: created, OwnedBy: "voxmux", Attribution: m.Attribution})
 	}
 	var body any = struct {
 		Object string      `json:"object"`

@@ -66,6 +66,9 @@ type Model struct {
 	Instructions bool
 	// Cloning is true when the model makes voices from reference clips and speaks in them.
 	Cloning bool
+	// Attribution is the credit the licences of the model's voices ask for (shown on the status
+	// page and in GET /v1/models), "" for none.
+	Attribution string
 	// Family is the model's family (tts.Description.Kind). A library voice speaks only with a
 	// model of the family that made it; "" (unknown) refuses none.
 	Family string

@@ -126,6 +126,8 @@ type StatusModel struct {
 	Name       string   `json:"name"`
 	Aliases    []string `json:"aliases"`
 	SampleRate int      `json:"sample_rate"`
+	// Attribution is the credit the voices' licences ask for; "" for none.
+	Attribution string `json:"attribution"`
 }
 
 func (s *Server) statusView() StatusView {
@@ -142,7 +144,7 @@ func (s *Server) statusView() StatusView {
 		aliases = []string{}
 	}
 	return StatusView{
-		Model:         StatusModel{Name: m.Name, Aliases: aliases, SampleRate: m.SampleRate},
+		Model:         StatusModel{Name: m.Name, Aliases: aliases, SampleRate: m.SampleRate, Attribution: m.Attribution},
 		Formats:       audio.Formats(),
 		DefaultFormat: DefaultFormat,
 		MaxInputChars: s.o.MaxInputChars,

@@ -124,8 +124,8 @@ type Description struct {
 	Name       string
 	SampleRate int
 	Voices     []string
-	// NativeSpeed is true when the model applies the request's speed itself (piper: through
-	// length_scale), so the router must not time-stretch its audio.
+	// NativeSpeed is true when the model applies the request's speed itself (piper: through its
+	// phoneme durations), so the router must not time-stretch its audio.
 	NativeSpeed bool
 	// Instructions is true when the model follows a request's "instructions" (staged exports
 	// with lm.endofprompt, CosyVoice3's); the router drops them for the others.
@@ -133,4 +133,8 @@ type Description struct {
 	// Cloning is true when the model makes voices from reference clips (ExtractVoice) and speaks
 	// in a request's Prompt.
 	Cloning bool
+	// Attribution is the credit the licences of the model's voices ask software that speaks with
+	// them to show (Piper's jenny: "Jenny (Dioco)"), "" when none does; the router shows it on its
+	// status page and in GET /v1/models.
+	Attribution string
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -44,17 +45,24 @@ func fetchJenny(t *testing.T) string {
 // transcribe asks the server for each sentence as WAV and returns pocketsphinx's transcripts.
 func transcribe(t *testing.T, url, voice string) []string {
 	t.Helper()
+	hyps, _ := transcribeAt(t, url, voice, 1)
+	return hyps
+}
+
+// transcribeAt is transcribe at a speed; seconds is the audio's length, all sentences together.
+func transcribeAt(t *testing.T, url, voice string, speed float64) (hyps []string, seconds float64) {
+	t.Helper()
 	if _, err := exec.LookPath("pocketsphinx_continuous"); err != nil {
 		t.Fatal("pocketsphinx_continuous is not installed (Debian: pocketsphinx pocketsphinx-en-us; make deps)")
 	}
 	dir := t.TempDir()
-	var hyps []string
 	for i, s := range asrSentences {
-		body, _ := json.Marshal(map[string]string{"input": s, "voice": voice, "response_format": "wav"})
+		body, _ := json.Marshal(map[string]any{"input": s, "voice": voice, "response_format": "wav", "speed": speed})
 		code, _, wav := speech(t, url, string(body))
-		if code != http.StatusOK {
+		if code != http.StatusOK || len(wav) < 44 {
 			t.Fatalf("%q: status %d: %.200s", s, code, wav)
 		}
+		seconds += float64(len(wav)-44) / 2 / float64(binary.LittleEndian.Uint32(wav[24:28])) // 16-bit mono
 		in, out := filepath.Join(dir, fmt.Sprintf("%d.wav", i)), filepath.Join(dir, fmt.Sprintf("%d.16k.wav", i))
 		os.WriteFile(in, wav, 0o644)
 		// pocketsphinx's acoustic model wants 16 kHz mono.
@@ -67,7 +75,7 @@ func transcribe(t *testing.T, url, voice string) []string {
 		}
 		hyps = append(hyps, strings.TrimSpace(string(hyp)))
 	}
-	return hyps
+	return hyps, seconds
 }
 
 // wer is the word error rate of hyps against refs: word edits (substitutions, insertions,
@@ -129,19 +137,21 @@ func TestPiperRealVoiceIsIntelligible(t *testing.T) {
 		t.Fatalf("voices: model %q, %v", model, ids)
 	}
 
-	// So does the status page's model line (router/status/app.js reads it from /status.json).
+	// So does the status page's model line (router/status/app.js reads it from /status.json), with
+	// the credit the voice's licence asks for.
 	resp, err := http.Get(s.url + "/status.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var st struct {
 		Model struct {
-			Name string `json:"name"`
+			Name        string `json:"name"`
+			Attribution string `json:"attribution"`
 		} `json:"model"`
 	}
 	err = json.NewDecoder(resp.Body).Decode(&st)
 	resp.Body.Close()
-	if err != nil || st.Model.Name != "en_GB-jenny_dioco-medium" {
+	if err != nil || st.Model.Name != "en_GB-jenny_dioco-medium" || !strings.Contains(st.Model.Attribution, "Jenny (Dioco)") {
 		t.Fatalf("status.json model: %+v %v", st, err)
 	}
 
@@ -150,6 +160,27 @@ func TestPiperRealVoiceIsIntelligible(t *testing.T) {
 	t.Logf("WER %.3f; heard %q", w, hyps)
 	if w > maxWER {
 		t.Errorf("word error rate %.2f over the bound %.2f: pocketsphinx heard %q", w, maxWER, hyps)
+	}
+}
+
+// TestPiperSpeedIntelligibility measures (VOXMUX_SPEED_WER=1; a report, not a check) jenny's
+// word error rate and audio length at several speeds, three runs each: docs/piper.md, Speed.
+func TestPiperSpeedIntelligibility(t *testing.T) {
+	if os.Getenv("VOXMUX_SPEED_WER") != "1" {
+		t.Skip("a measurement: VOXMUX_SPEED_WER=1 runs it")
+	}
+	voice := fetchJenny(t)
+	listen := freePort(t)
+	s := startServe(t, writePiperConfig(t, listen, voice), listen)
+	for _, speed := range []float64{0.5, 0.6, 1, 1.5, 1.8, 2, 3} {
+		var secs, w float64
+		const runs = 3
+		for range runs {
+			hyps, n := transcribeAt(t, s.url, "en_GB-jenny_dioco-medium", speed)
+			secs += n / runs
+			w += wer(asrSentences, hyps) / runs
+		}
+		t.Logf("speed %g: %.2f s of audio, WER %.3f", speed, secs, w)
 	}
 }
 

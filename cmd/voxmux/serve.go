@@ -141,7 +141,7 @@ func serve(ctx context.Context, cfg *config.Config, families instance.Families, 
 	}
 	defer ln.Close()
 
-	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed, Instructions: model.Instructions, Cloning: model.Cloning, Family: model.Kind},
+	pool := router.NewPool(router.Model{Name: model.Name, SampleRate: model.SampleRate, Voices: model.Voices, NativeSpeed: model.NativeSpeed, Instructions: model.Instructions, Cloning: model.Cloning, Family: model.Kind, Attribution: model.Attribution},
 		router.QueueOptions{Size: cfg.Queue.Size, Timeout: cfg.Queue.Timeout.Std()})
 	supCtx, stopInstances := context.WithCancel(context.Background())
 	defer stopInstances()

@@ -148,3 +148,19 @@ func TestStatusPageHidesKeyFieldWithoutKeys(t *testing.T) {
 		t.Fatalf("no API keys are configured but the page shows a key field (%v)", err)
 	}
 }
+
+// Serving the jenny voice, the page credits it as its dataset's licence asks: "Jenny (Dioco)",
+// where audio is made; /status.json carries the same credit.
+func TestStatusPageShowsVoiceAttribution(t *testing.T) {
+	needCommand(t, "chromium")
+	chromium, _ := exec.LookPath("chromium")
+	voice := fetchJenny(t)
+	listen := freePort(t)
+	s := startServe(t, writePiperConfig(t, listen, voice), listen)
+	bctx := openPage(t, chromium, s.url)
+	credit, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS("#attribution")))
+	if err != nil || !strings.Contains(credit, "Jenny (Dioco)") {
+		t.Fatalf("the page's attribution is %q (%v), want it to call the voice \"Jenny (Dioco)\"", credit, err)
+	}
+	t.Logf("the page shows %q", credit)
+}

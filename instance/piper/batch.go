@@ -3,9 +3,7 @@ package piper
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +70,7 @@ type piperJob struct {
 	ids    []int64
 	sid    int64
 	scales [3]float32
+	speed  float32          // divides the row's durations where the graph takes piperSpeedInput
 	done   chan piperResult // buffered: a worker never waits for a request that left
 	parts  *piperParts      // a chunked session's audio, part by part, instead of done
 }
@@ -87,6 +86,7 @@ type piperSession struct {
 	file    *piperFile
 	opts    piperOptions
 	lengths bool // the graph gives each row's frames (piperLengthOutput), so rows can share a run
+	speed   bool // the graph (a chunked voice's front) takes each row's speed (piperSpeedInput, speed.go)
 	// chunks, when set, is the voice split at its decoder: sentences are decoded in chunks
 	// (chunked.go) and sess is nil.
 	chunks *piperChunker
@@ -97,8 +97,8 @@ type piperSession struct {
 	r *Runner
 }
 
-func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths bool, r *Runner) *piperSession {
-	return startPiperSession(&piperSession{sess: sess, file: f, opts: o, lengths: lengths, r: r})
+func newPiperSession(sess *onnxrt.DynamicAdvancedSession, f *piperFile, o piperOptions, lengths, speed bool, r *Runner) *piperSession {
+	return startPiperSession(&piperSession{sess: sess, file: f, opts: o, lengths: lengths, speed: speed, r: r})
 }
 
 // startPiperSession makes s's queue and starts its workers.
@@ -116,8 +116,8 @@ func startPiperSession(s *piperSession) *piperSession {
 }
 
 // synthesize queues one sentence of request q and waits for its audio (not yet peak-normalized).
-func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, scales [3]float32, sid int64) ([]float32, error) {
-	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, done: make(chan piperResult, 1)}
+func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, scales [3]float32, speed float32, sid int64) ([]float32, error) {
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, speed: speed, done: make(chan piperResult, 1)}
 	s.r.hold(q)
 	select {
 	case s.jobs <- j:
@@ -133,9 +133,10 @@ func (s *piperSession) synthesize(ctx context.Context, q *request, ids []int64, 
 	}
 }
 
-// work runs batches until the session closes. Jobs with other scales than the batch's first (a
-// request's speed changes length_scale, one tensor for the whole batch) or that would pass the
-// batch's padded size are held for this worker's next batch, first in line.
+// work runs batches until the session closes. Jobs with other scales than the batch's first (one
+// tensor for the whole batch; a request's speed changes length_scale where the graph does not
+// take piperSpeedInput, each row's own) or that would pass the batch's padded size are held for
+// this worker's next batch, first in line.
 func (s *piperSession) work() {
 	defer s.wg.Done()
 	var held []*piperJob
@@ -211,14 +212,9 @@ func (s *piperSession) run(batch []*piperJob) {
 		s.runChunks(live)
 		return
 	}
-	rows := make([][]int64, len(live))
-	sids := make([]int64, len(live))
 	t0 := time.Now()
-	for i, j := range live {
-		rows[i], sids[i] = j.ids, j.sid
-		s.r.stats.Waited(stageGraph, t0, j.queued)
-	}
-	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, live[0].scales)
+	rows, sids, speeds := s.rows(live, t0)
+	pcm, err := runPiperBatch(s.sess, s.file, s.lengths, rows, sids, speeds, live[0].scales)
 	s.r.stats.Count(stageGraph, len(live), t0)
 	for i, j := range live {
 		if err != nil {
@@ -227,6 +223,23 @@ func (s *piperSession) run(batch []*piperJob) {
 		}
 		s.answer(j, piperResult{pcm: pcm[i]})
 	}
+}
+
+// rows are the jobs' ids, speakers and speeds (nil where the graph does not take
+// piperSpeedInput: then the speed is in the batch's scales), each job's wait counted up to t0.
+func (s *piperSession) rows(live []*piperJob, t0 time.Time) (rows [][]int64, sids []int64, speeds []float32) {
+	rows, sids = make([][]int64, len(live)), make([]int64, len(live))
+	if s.speed {
+		speeds = make([]float32, len(live))
+	}
+	for i, j := range live {
+		rows[i], sids[i] = j.ids, j.sid
+		if speeds != nil {
+			speeds[i] = j.speed
+		}
+		s.r.stats.Waited(stageGraph, t0, j.queued)
+	}
+	return rows, sids, speeds
 }
 
 // close stops the workers (no request holds the session then) and frees the graph.
@@ -247,54 +260,27 @@ func (s *piperSession) close() error {
 }
 
 // runPiperBatch runs rows of ids as one graph run: ids padded with 0 to the longest row,
-// input_lengths each row's own, sid each row's speaker. With lengths, row i's audio is its first
-// frames[i] × hop samples; without, there must be one row and its audio is the whole output.
-func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bool, rows [][]int64, sids []int64, scales [3]float32) ([][]float32, error) {
+// input_lengths each row's own, sid each row's speaker, speeds (nil where the graph does not take
+// piperSpeedInput) each row's speed. With lengths, row i's audio is its first frames[i] × hop
+// samples; without, there must be one row and its audio is the whole output.
+func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bool, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([][]float32, error) {
 	b := len(rows)
 	if !lengths && b != 1 {
 		return nil, fmt.Errorf("piper voice %s: %d rows in one run without the graph's row lengths", f.Stem, b)
 	}
-	t := 0
-	for _, r := range rows {
-		t = max(t, len(r))
-	}
-	ids := make([]int64, b*t)
-	lens := make([]int64, b)
-	for i, r := range rows {
-		copy(ids[i*t:], r)
-		lens[i] = int64(len(r))
-	}
-	var vals []onnxrt.Value
+	vals, err := piperInputs(f, rows, sids, speeds, scales)
 	defer func() { ort.Destroy(vals) }()
-	add := func(v onnxrt.Value, err error) error {
-		if err != nil {
-			return err
-		}
-		vals = append(vals, v)
-		return nil
-	}
-	errs := []error{
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(t)), ids)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), lens)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
-	}
-	if f.HasSID {
-		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return nil, fmt.Errorf("piper inputs: %w", err)
+	if err != nil {
+		return nil, err
 	}
 	outs := []onnxrt.Value{nil}
 	if lengths {
 		outs = append(outs, nil)
 	}
-	err := sess.Run(vals, outs)
+	err = sess.Run(vals, outs)
 	defer ort.Destroy(outs)
 	if err != nil {
-		if strings.Contains(strings.ToLower(err.Error()), "out of memory") {
-			return nil, &tts.Error{Kind: tts.ErrBusy, Msg: fmt.Sprintf("piper voice %s: the device ran out of memory for a batch of %d sentences; retry later", f.Stem, b)}
-		}
-		return nil, fmt.Errorf("piper voice %s: %w", f.Stem, err)
+		return nil, piperRunError(f, b, err)
 	}
 	audio, err := ort.Floats(outs[0])
 	if err != nil {
@@ -331,7 +317,7 @@ func runPiperBatch(sess *onnxrt.DynamicAdvancedSession, f *piperFile, lengths bo
 
 // runPiper synthesizes one sentence in a run of its own.
 func runPiper(sess *onnxrt.DynamicAdvancedSession, ids []int64, scales [3]float32, v piperVoice) ([]float32, error) {
-	out, err := runPiperBatch(sess, v.File, false, [][]int64{ids}, []int64{v.Speaker}, scales)
+	out, err := runPiperBatch(sess, v.File, false, [][]int64{ids}, []int64{v.Speaker}, nil, scales)
 	if err != nil {
 		return nil, err
 	}

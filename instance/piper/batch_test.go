@@ -98,12 +98,12 @@ func TestPiperBatchEqualsAlone(t *testing.T) {
 		}
 	}
 	sids := make([]int64, len(rows))
-	batched, err := runPiperBatch(s.sess, f, true, rows, sids, f.scales)
+	batched, err := runPiperBatch(s.sess, f, true, rows, sids, ones(len(rows)), f.scales)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, row := range rows {
-		alone, err := runPiperBatch(s.sess, f, true, [][]int64{row}, []int64{0}, f.scales)
+		alone, err := runPiperBatch(s.sess, f, true, [][]int64{row}, []int64{0}, ones(1), f.scales)
 		if err != nil {
 			t.Fatal(err)
 		}

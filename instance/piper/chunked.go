@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,18 +33,31 @@ const calibrationText = "1 2 3 4 5 6 7 8 9 10."
 type piperChunker struct {
 	front, dec  *onnxrt.DynamicAdvancedSession
 	split       *piperSplit
-	first, most int // chunk frames: the first chunk's, and the most of a later one's
+	speed       bool // the front takes each row's speed (piperSpeedInput, speed.go)
+	first, most int  // chunk frames: the first chunk's, and the most of a later one's
 	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
 	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
 	peak float32
 }
 
 // newPiperChunker splits f's graph and loads its two sessions; a graph that cannot be split gives
-// a reason and no chunker.
+// a reason and no chunker. The speed input goes into the front after the split: the split finds
+// the row lengths by VITS's Ceil → ReduceSum chain, which the speed edit puts its nodes into, and
+// the front holds the duration rounding and everything that reads it (the row lengths, the
+// alignment), so its latent and lengths are the frames at each row's speed.
 func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, string, error) {
 	sp, reason, err := splitPiper(f.Path)
 	if err != nil || sp == nil {
 		return nil, reason, err
+	}
+	g, err := piperWithSpeed(sp.front)
+	if err != nil {
+		return nil, "", fmt.Errorf("piper voice %s: front: %w", f.Path, err)
+	}
+	speed := g != nil
+	if speed {
+		sp.front = g
+		in = append(slices.Clip(in), piperSpeedInput)
 	}
 	front, err := r.rt.SessionFromData("piper-front", sp.front, in, []string{sp.latent, piperLengthOutput})
 	if err != nil {
@@ -59,11 +73,11 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
 	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
-	c := &piperChunker{front: front, dec: dec, split: sp, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	c := &piperChunker{front: front, dec: dec, split: sp, speed: speed, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {
 		var pcm []float32
-		pcm, err = c.whole(f, sents[0].IDs, 0, [3]float32{0, f.scales[1], 0})
+		pcm, err = c.whole(f, sents[0].IDs, 0, 1, [3]float32{0, f.scales[1], 0})
 		c.peak = rawPeak(pcm)
 	}
 	if err != nil {
@@ -84,10 +98,10 @@ type latent struct {
 	frames   int
 }
 
-// runFront runs rows of ids through the front graph and returns each row's latent, cut to its own
-// frames.
-func (c *piperChunker) runFront(f *piperFile, rows [][]int64, sids []int64, scales [3]float32) ([]latent, error) {
-	vals, err := piperInputs(f, rows, sids, scales)
+// runFront runs rows of ids through the front graph, at speeds (nil where the front does not take
+// piperSpeedInput), and returns each row's latent, cut to its own frames.
+func (c *piperChunker) runFront(f *piperFile, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([]latent, error) {
+	vals, err := piperInputs(f, rows, sids, speeds, scales)
 	defer func() { ort.Destroy(vals) }()
 	if err != nil {
 		return nil, err
@@ -193,9 +207,13 @@ func (c *piperChunker) chunkWindow(l *latent, sid int64, from, to int) window {
 	return window{l: l, sid: sid, lo: max(0, from-c.split.left), hi: min(l.frames, to+c.split.right), from: from, to: to}
 }
 
-// whole synthesizes one sentence with the decoder run once over all its frames.
-func (c *piperChunker) whole(f *piperFile, ids []int64, sid int64, scales [3]float32) ([]float32, error) {
-	ls, err := c.runFront(f, [][]int64{ids}, []int64{sid}, scales)
+// whole synthesizes one sentence at speed with the decoder run once over all its frames.
+func (c *piperChunker) whole(f *piperFile, ids []int64, sid int64, speed float32, scales [3]float32) ([]float32, error) {
+	var speeds []float32
+	if c.speed {
+		speeds = []float32{speed}
+	}
+	ls, err := c.runFront(f, [][]int64{ids}, []int64{sid}, speeds, scales)
 	if err != nil {
 		return nil, err
 	}
@@ -210,14 +228,9 @@ func (c *piperChunker) whole(f *piperFile, ids []int64, sid int64, scales [3]flo
 // every sentence still going, each chunk's audio handed to its request as soon as it is done.
 func (s *piperSession) runChunks(live []*piperJob) {
 	c := s.chunks
-	rows := make([][]int64, len(live))
-	sids := make([]int64, len(live))
 	t0 := time.Now()
-	for i, j := range live {
-		rows[i], sids[i] = j.ids, j.sid
-		s.r.stats.Waited(stageGraph, t0, j.queued)
-	}
-	ls, err := c.runFront(s.file, rows, sids, live[0].scales)
+	rows, sids, speeds := s.rows(live, t0)
+	ls, err := c.runFront(s.file, rows, sids, speeds, live[0].scales)
 	if err != nil {
 		s.r.stats.Count(stageGraph, len(live), t0)
 		for _, j := range live {
@@ -248,6 +261,16 @@ func (s *piperSession) runChunks(live []*piperJob) {
 			return
 		}
 		pcm, err := c.decode(s.file, ws)
+		// The batch is counted before its last parts are handed over, so a request that has all
+		// its audio finds its run counted.
+		ends := true
+		for _, j := range js {
+			i := indexOf(live, j)
+			ends = ends && (err != nil || at[i] == ls[i].frames)
+		}
+		if ends {
+			s.r.stats.Count(stageGraph, len(rows), t0)
+		}
 		for r, j := range js {
 			i := indexOf(live, j)
 			if err != nil {
@@ -261,6 +284,9 @@ func (s *piperSession) runChunks(live []*piperJob) {
 				s.r.release(j.req)
 				live[i] = nil
 			}
+		}
+		if ends {
+			return
 		}
 	}
 }
@@ -283,8 +309,9 @@ func piperRunError(f *piperFile, rows int, err error) error {
 }
 
 // piperInputs are the graph's inputs for rows of ids: padded with 0 to the longest row,
-// input_lengths each row's own, sid each row's speaker.
-func piperInputs(f *piperFile, rows [][]int64, sids []int64, scales [3]float32) ([]onnxrt.Value, error) {
+// input_lengths each row's own, sid each row's speaker, and where speeds is not nil
+// piperSpeedInput, each row's speed.
+func piperInputs(f *piperFile, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([]onnxrt.Value, error) {
 	b, t := len(rows), 0
 	for _, r := range rows {
 		t = max(t, len(r))
@@ -310,6 +337,9 @@ func piperInputs(f *piperFile, rows [][]int64, sids []int64, scales [3]float32) 
 	}
 	if f.HasSID {
 		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+	}
+	if speeds != nil {
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, 1), speeds)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return vals, fmt.Errorf("piper inputs: %w", err)
@@ -355,15 +385,15 @@ func (p *piperParts) take() []piperPart {
 
 // stream queues one sentence of request q and calls each with its audio part by part, as the
 // parts are done: one part for a session that runs whole sentences.
-func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scales [3]float32, sid int64, each func(piperPart) error) error {
+func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scales [3]float32, speed float32, sid int64, each func(piperPart) error) error {
 	if s.chunks == nil {
-		pcm, err := s.synthesize(ctx, q, ids, scales, sid)
+		pcm, err := s.synthesize(ctx, q, ids, scales, speed, sid)
 		if err != nil {
 			return err
 		}
 		return each(piperPart{pcm: pcm, to: 1, total: 1, last: true})
 	}
-	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, parts: newPiperParts()}
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, speed: speed, parts: newPiperParts()}
 	s.r.hold(q)
 	select {
 	case s.jobs <- j:
@@ -398,7 +428,7 @@ type sentenceOut struct {
 	from    int // where the next sentence's text starts
 	index   int
 	rate    int
-	silence int // samples after every sentence but the last
+	silence int // samples after every sentence but the last (already divided by the speed)
 	emit    func(tts.Chunk) error
 }
 
@@ -407,7 +437,7 @@ type sentenceOut struct {
 // first chunk leaves: it is 1 over the larger of the voice's calibration peak and the peak of the
 // sentence's audio so far, so it falls (never clipping) only where the sentence is louder than
 // the calibration.
-func (o *sentenceOut) speak(ctx context.Context, q *request, sess *piperSession, s piperSentence, i, n int, scales [3]float32, sid int64) error {
+func (o *sentenceOut) speak(ctx context.Context, q *request, sess *piperSession, s piperSentence, i, n int, scales [3]float32, speed float32, sid int64) error {
 	end := max(o.from, min(s.End, len(o.text)))
 	if i == n-1 {
 		end = len(o.text)
@@ -417,7 +447,7 @@ func (o *sentenceOut) speak(ctx context.Context, q *request, sess *piperSession,
 	if sess.chunks != nil {
 		peak = max(peak, sess.chunks.peak)
 	}
-	return sess.stream(ctx, q, s.IDs, scales, sid, func(p piperPart) error {
+	return sess.stream(ctx, q, s.IDs, scales, speed, sid, func(p piperPart) error {
 		pcm := p.pcm
 		if sess.chunks == nil {
 			normalizePeak(pcm)

@@ -89,8 +89,8 @@ func decodeChunks(t *testing.T, c *piperChunker, f *piperFile, l *latent, sid in
 
 // Decoded in chunks of 12 frames doubling to 96 (and of 4 frames), with the receptive field as
 // context, a sentence equals the decoder run once over all its frames, which equals the voice's
-// whole graph; with less context than the field it does not. The test logs the largest difference
-// and the least context that keeps it within chunkTolerance.
+// whole graph (at speed 1 and 2); with less context than the field it does not. The test logs the
+// largest difference and the least context that keeps it within chunkTolerance.
 func TestPiperChunksEqualWhole(t *testing.T) {
 	ph := testPhonemizer(t)
 	for _, c := range []struct {
@@ -106,7 +106,7 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 				t.Fatal(err)
 			}
 			for si, sent := range sents {
-				ls, err := ch.runFront(f, [][]int64{sent.IDs}, []int64{c.sid}, f.scales)
+				ls, err := ch.runFront(f, [][]int64{sent.IDs}, []int64{c.sid}, atSpeed(s, 1, 1), f.scales)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -115,7 +115,7 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				graph, err := runPiperBatch(whole.sess, f, whole.lengths, [][]int64{sent.IDs}, []int64{c.sid}, f.scales)
+				graph, err := runPiperBatch(whole.sess, f, whole.lengths, [][]int64{sent.IDs}, []int64{c.sid}, atSpeed(whole, 1, 1), f.scales)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -124,6 +124,28 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 				}
 				if d := piperMaxDiff(graph[0], one[0]); d > chunkTolerance {
 					t.Errorf("%s: front and decoder differ from the whole graph by %g", f.Stem, d)
+				}
+				if sizes[0] == 12 {
+					// At another speed too: the speed edit in the front is the whole graph's.
+					ls2, err := ch.runFront(f, [][]int64{sent.IDs}, []int64{c.sid}, atSpeed(s, 1, 2), f.scales)
+					if err != nil {
+						t.Fatal(err)
+					}
+					one2, err := ch.decode(f, []window{{l: &ls2[0], sid: c.sid, hi: ls2[0].frames, to: ls2[0].frames}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					graph2, err := runPiperBatch(whole.sess, f, whole.lengths, [][]int64{sent.IDs}, []int64{c.sid}, atSpeed(whole, 1, 2), f.scales)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !s.speed || !whole.speed || len(graph2[0]) != len(one2[0]) || len(one2[0]) >= len(one[0]) {
+						t.Fatalf("%s at speed 2: speed input %v/%v, whole graph %d samples, front and decoder %d (%d at speed 1)",
+							f.Stem, s.speed, whole.speed, len(graph2[0]), len(one2[0]), len(one[0]))
+					}
+					if d := piperMaxDiff(graph2[0], one2[0]); d > chunkTolerance {
+						t.Errorf("%s at speed 2: front and decoder differ from the whole graph by %g", f.Stem, d)
+					}
 				}
 				left, right := ch.split.left, ch.split.right
 				got := decodeChunks(t, ch, f, l, c.sid, left, right)
@@ -192,7 +214,7 @@ func TestPiperChunkedSynthesize(t *testing.T) {
 		from = c.Text.End
 		joined = append(joined, c.PCM...)
 		if si < len(sents) && c.Text.End == min(sents[si].End, len(text)) || c.Text.End == len(text) {
-			want, err := runPiperBatch(whole.sess, s.file, whole.lengths, [][]int64{sents[si].IDs}, []int64{0}, s.file.scales)
+			want, err := runPiperBatch(whole.sess, s.file, whole.lengths, [][]int64{sents[si].IDs}, []int64{0}, atSpeed(whole, 1, 1), s.file.scales)
 			if err != nil {
 				t.Fatal(err)
 			}

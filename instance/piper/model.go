@@ -45,8 +45,8 @@ const (
 
 // piperConfig is a voice's .onnx.json, in the schema piper_train writes (rhasspy/piper
 // src/python/piper_train/preprocess.py; OHF-Voice/piper1-gpl src/piper/config.py reads it).
-// Keys voxmux does not use (dataset, language, audio.quality, piper_version, hop_length) are
-// accepted and ignored.
+// Keys voxmux does not use (language, audio.quality, piper_version, hop_length) are accepted and
+// ignored; dataset names the credit its licence may ask for (attribution.go).
 type piperConfig struct {
 	Audio struct {
 		SampleRate int `json:"sample_rate"`
@@ -59,6 +59,7 @@ type piperConfig struct {
 		LengthScale *float32 `json:"length_scale"`
 		NoiseW      *float32 `json:"noise_w"`
 	} `json:"inference"`
+	Dataset       string              `json:"dataset"`
 	PhonemeType   string              `json:"phoneme_type"`
 	PhonemeMap    map[string][]string `json:"phoneme_map"`
 	PhonemeIDMap  map[string][]int64  `json:"phoneme_id_map"`
@@ -411,7 +412,7 @@ func (m *piperModel) description() tts.Description {
 	for i, v := range m.Voices {
 		names[i] = v.Name
 	}
-	return tts.Description{Kind: "piper", Name: m.Name, SampleRate: m.Files[0].Config.Audio.SampleRate, Voices: names, NativeSpeed: true}
+	return tts.Description{Kind: "piper", Name: m.Name, SampleRate: m.Files[0].Config.Audio.SampleRate, Voices: names, NativeSpeed: true, Attribution: m.attribution()}
 }
 
 func deref(p *float32, def float32) float32 {

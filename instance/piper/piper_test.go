@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -239,12 +240,12 @@ func TestPiperSpeaksSentenceBySentence(t *testing.T) {
 	if err != nil || len(sents) != 2 {
 		t.Fatalf("sentences: %v %v", sents, err)
 	}
-	silence := int(DefaultSentenceSilence * 22050)
 	for _, c := range []struct {
 		speed       float32
 		framesPerID int // ceil(2 × length_scale / speed)
 	}{{1, 2}, {2, 1}, {0.5, 4}, {0.25, 8}} {
 		chunks := speak(t, r, tts.Request{Text: text, Speed: c.speed})
+		silence := int(math.Round(DefaultSentenceSilence * 22050 / float64(c.speed))) // shortened by the speed too
 		if len(chunks) != 2 {
 			t.Fatalf("speed %g: %d chunks, want one per sentence (2)", c.speed, len(chunks))
 		}

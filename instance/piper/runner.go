@@ -70,8 +70,12 @@ func openPiper(cfg tts.LoadConfig) (*Runner, tts.Description, error) {
 	return r, m.description(), nil
 }
 
-// load opens a voice file's session with its row lengths exposed (piperWithLengths) when the
-// graph has them and batches are wanted, and starts its workers.
+// load opens a voice file's sessions and starts its workers: split at the decoder (chunked.go)
+// when chunks are wanted and the graph can be split, else the whole graph with its row lengths
+// exposed (piperWithLengths) when it has them and batches are wanted. Either way the graph that
+// runs the duration predictor (the front, or the whole graph) gets the speed input
+// (piperWithSpeed) when it has VITS's duration rounding, added after the row lengths so that they
+// count the frames at the row's speed.
 func (r *Runner) load(f *piperFile) (*piperSession, error) {
 	in := []string{"input", "input_lengths", "scales"}
 	if f.HasSID {
@@ -83,34 +87,46 @@ func (r *Runner) load(f *piperFile) (*piperSession, error) {
 			return nil, err
 		}
 		if c != nil {
-			return startPiperSession(&piperSession{chunks: c, file: f, opts: r.opts, lengths: true, r: r}), nil
+			if !c.speed {
+				slog.Info("piper voice has no duration rounding to scale; its speed divides length_scale", "voice", f.Stem)
+			}
+			return startPiperSession(&piperSession{chunks: c, file: f, opts: r.opts, lengths: true, speed: c.speed, r: r}), nil
 		}
 		slog.Info("piper voice cannot be decoded in chunks; it runs whole sentences", "voice", f.Stem, "reason", reason)
 	}
+	out := []string{"output"}
+	var graph []byte
 	if r.opts.Batch > 1 {
 		g, err := piperWithLengths(f.Path)
 		if err != nil {
 			return nil, fmt.Errorf("piper voice %s: %w", f.Path, err)
 		}
 		if g != nil {
-			s, err := r.rt.SessionFromData("piper", g, in, []string{"output", piperLengthOutput})
-			if err != nil {
-				return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
-			}
-			return newPiperSession(s, f, r.opts, true, r), nil
+			graph, out = g, append(out, piperLengthOutput)
+		} else {
+			slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 		}
-		slog.Info("piper voice has no row-length computation; it runs one sentence at a time", "voice", f.Stem)
 	}
-	s, err := r.rt.Session("piper", f.Path, in, []string{"output"})
+	graph, speed, err := withSpeedInput(f.Path, graph)
 	if err != nil {
-		return nil, fmt.Errorf("piper voice: %w", err)
+		return nil, fmt.Errorf("piper voice %s: %w", f.Path, err)
 	}
-	return newPiperSession(s, f, r.opts, false, r), nil
+	if speed {
+		in = append(in, piperSpeedInput)
+	} else {
+		slog.Info("piper voice has no duration rounding to scale; its speed divides length_scale", "voice", f.Stem)
+	}
+	s, err := r.rt.SessionFromData("piper", graph, in, out)
+	if err != nil {
+		return nil, fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+	}
+	return newPiperSession(s, f, r.opts, len(out) > 1, speed, r), nil
 }
 
 // Synthesize speaks req.Text with req.Voice (empty: the first voice) at req.Speed, which divides
-// the voice's length_scale. A name the model does not have and a voice prompt (which no Piper
-// voice speaks in) are the request's errors (tts.Description.CheckRequest).
+// the durations of its phonemes and the silence between sentences (speed.go). A name the model
+// does not have and a voice prompt (which no Piper voice speaks in) are the request's errors
+// (tts.Description.CheckRequest).
 func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.Chunk) error) (err error) {
 	q, end := r.begin(ctx)
 	defer func() { end(err) }()
@@ -131,23 +147,25 @@ func (r *Runner) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 	if len(sents) == 0 {
 		return &tts.Error{Kind: tts.ErrInvalid, Msg: fmt.Sprintf("espeak-ng found nothing to pronounce in the input for voice %s (espeak voice %s): it has no words it can read, e.g. only emoji or symbols", v.Name, v.File.Config.ESpeak.Voice)}
 	}
-	scales := v.File.scales
-	if req.Speed > 0 {
-		scales[1] /= req.Speed
-	}
 	sess, release, err := r.cache.acquire(v.File)
 	if err != nil {
 		return err
 	}
 	defer release()
+	speed := cmp.Or(max(req.Speed, 0), 1)
+	scales := v.File.scales
+	if !sess.speed {
+		scales[1] /= speed
+	}
 	rate := v.File.Config.Audio.SampleRate
-	out := &sentenceOut{text: req.Text, rate: rate, silence: int(math.Round(r.m.SentenceSilence * float64(rate))), emit: emit}
+	silence := int(math.Round(r.m.SentenceSilence * float64(rate) / float64(speed)))
+	out := &sentenceOut{text: req.Text, rate: rate, silence: silence, emit: emit}
 	for i, s := range sents {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		// Each sentence's last chunk ends at its text's end: spans are exact at sentence ends.
-		if err := out.speak(ctx, q, sess, s, i, len(sents), scales, v.Speaker); err != nil {
+		if err := out.speak(ctx, q, sess, s, i, len(sents), scales, speed, v.Speaker); err != nil {
 			return err
 		}
 	}

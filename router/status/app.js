@@ -40,6 +40,9 @@ function gpuText(g) {
 function renderStatus(s) {
   status = s;
   $("model").textContent = s.model.name + (s.model.aliases.length ? " (also " + s.model.aliases.join(", ") + ")" : "");
+  // The credit the voices' licences ask for, shown where audio is made.
+  $("attribution").textContent = s.model.attribution || "";
+  $("attribution").hidden = !s.model.attribution;
   const r = $("ready");
   r.textContent = s.ready ? "ready" : "not ready";
   r.className = "badge " + (s.ready ? "ok" : "bad");
