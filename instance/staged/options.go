@@ -260,8 +260,8 @@ type options struct {
 	// promptCacheBytes bounds the chunk-causal flow's prompt cache (Options.FlowPromptCacheMB).
 	promptCacheBytes int64
 	// flowKVBytes bounds the chunk-causal flow's device memory (Options.FlowKVMemoryMB).
-	flowKVBytes      int64
-	chunkEmit        ChunkEmit
+	flowKVBytes int64
+	chunkEmit   ChunkEmit
 	// minTokensPerTextToken is the LM's minimum speech tokens per text token: the option's, else
 	// the manifest's lm.min_tokens_per_text_token.
 	minTokensPerTextToken float64
