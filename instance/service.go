@@ -169,7 +169,7 @@ func (s *Service) Health(context.Context) (tts.Health, error) {
 		return tts.Health{Ready: false, Message: "no pipeline loaded"}, nil
 	}
 	rep := s.report(e)
-	return tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load()), Stages: rep.Stages, Cancels: rep.Cancels, PromptCache: rep.PromptCache}, nil
+	return tts.Health{Ready: true, Message: "ok", Inflight: int(s.inflight.Load()), Stages: rep.Stages, Cancels: rep.Cancels, PromptCache: rep.PromptCache, FlowMemory: rep.FlowMemory}, nil
 }
 
 // Close stops the engine and frees the pipeline.

@@ -85,7 +85,9 @@ func (c *grpcClient) Health(ctx context.Context) (tts.Health, error) {
 	h := tts.Health{Ready: r.Ready, Message: r.Message, Inflight: int(r.Inflight),
 		Cancels: tts.CancelStats{Count: r.Cancels, Freeing: time.Duration(r.CancelFreeingNs), MaxFreeing: time.Duration(r.CancelFreeingMaxNs)},
 		PromptCache: tts.PromptCacheStats{Hits: r.PromptCacheHits, Misses: r.PromptCacheMisses, Evictions: r.PromptCacheEvictions,
-			Bytes: int64(r.PromptCacheBytes), Voices: int(r.PromptCacheVoices)}}
+			Bytes: int64(r.PromptCacheBytes), Voices: int(r.PromptCacheVoices)},
+		FlowMemory: tts.FlowMemoryStats{Bytes: int64(r.FlowKvBytes), Peak: int64(r.FlowKvPeakBytes), Limit: int64(r.FlowKvLimitBytes),
+			Waits: r.FlowKvWaits, Preemptions: r.FlowKvPreemptions}}
 	for _, st := range r.Stages {
 		h.Stages = append(h.Stages, tts.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, Busy: time.Duration(st.BusyNs), Wait: time.Duration(st.WaitNs)})
 	}

@@ -76,7 +76,9 @@ func (s *grpcServer) Health(ctx context.Context, _ *proto.HealthRequest) (*proto
 	resp := &proto.HealthResponse{Ready: h.Ready, Message: h.Message, Inflight: uint32(h.Inflight),
 		Cancels: h.Cancels.Count, CancelFreeingNs: uint64(max(h.Cancels.Freeing, 0)), CancelFreeingMaxNs: uint64(max(h.Cancels.MaxFreeing, 0)),
 		PromptCacheHits: h.PromptCache.Hits, PromptCacheMisses: h.PromptCache.Misses, PromptCacheEvictions: h.PromptCache.Evictions,
-		PromptCacheBytes: uint64(max(h.PromptCache.Bytes, 0)), PromptCacheVoices: uint32(max(h.PromptCache.Voices, 0))}
+		PromptCacheBytes: uint64(max(h.PromptCache.Bytes, 0)), PromptCacheVoices: uint32(max(h.PromptCache.Voices, 0)),
+		FlowKvBytes: uint64(max(h.FlowMemory.Bytes, 0)), FlowKvPeakBytes: uint64(max(h.FlowMemory.Peak, 0)), FlowKvLimitBytes: uint64(max(h.FlowMemory.Limit, 0)),
+		FlowKvWaits: h.FlowMemory.Waits, FlowKvPreemptions: h.FlowMemory.Preemptions}
 	for _, st := range h.Stages {
 		resp.Stages = append(resp.Stages, &proto.StageStats{Stage: st.Stage, Batches: st.Batches, Items: st.Items, BusyNs: uint64(max(st.Busy, 0)), WaitNs: uint64(max(st.Wait, 0))})
 	}

@@ -31,6 +31,8 @@ type Metrics struct {
 	cancel map[*Backend]tts.CancelStats
 	// prompt is each instance's last tts.PromptCacheStats, where it has a prompt cache.
 	prompt map[*Backend]tts.PromptCacheStats
+	// flowMem is each instance's last tts.FlowMemoryStats, where it has a chunk-causal flow.
+	flowMem map[*Backend]tts.FlowMemoryStats
 }
 
 // NewMetrics registers the router's metrics on reg. The pool's figures (queue length, in-flight
@@ -80,10 +82,11 @@ func NewMetrics(reg prometheus.Registerer, pool *Pool) *Metrics {
 			Help:    "Time a request waited for a free instance slot (0 when one was free).",
 			Buckets: []float64{.001, .005, .01, .05, .1, .5, 1, 2.5, 5, 10, 30},
 		}),
-		pool:   pool,
-		stage:  map[*Backend][]tts.StageStats{},
-		cancel: map[*Backend]tts.CancelStats{},
-		prompt: map[*Backend]tts.PromptCacheStats{},
+		pool:    pool,
+		stage:   map[*Backend][]tts.StageStats{},
+		cancel:  map[*Backend]tts.CancelStats{},
+		prompt:  map[*Backend]tts.PromptCacheStats{},
+		flowMem: map[*Backend]tts.FlowMemoryStats{},
 	}
 	reg.MustRegister(m.requests, m.ttfb, m.duration, m.rtf, m.audio, m.chars, m.bytes, m.incomplete, m.queueWait, newPoolCollector(m))
 	return m
@@ -148,6 +151,9 @@ func (m *Metrics) PollInstances(ctx context.Context, every time.Duration) {
 			if pc := h.PromptCache; pc != (tts.PromptCacheStats{}) {
 				m.prompt[b] = pc
 			}
+			if fm := h.FlowMemory; fm != (tts.FlowMemoryStats{}) {
+				m.flowMem[b] = fm
+			}
 			m.mu.Unlock()
 		}
 		select {
@@ -163,6 +169,7 @@ type poolCollector struct {
 	m                                                                                           *Metrics
 	queueLength, inflight, groupInflight, capacity, ready, restarts, batches, items, busy, wait *prometheus.Desc
 	cancels, cancelFreeing, promptHits, promptMisses, promptEvictions, promptBytes              *prometheus.Desc
+	flowKVBytes, flowKVPeak, flowKVLimit, flowKVWaits, flowKVPreemptions                        *prometheus.Desc
 }
 
 func newPoolCollector(m *Metrics) *poolCollector {
@@ -196,11 +203,22 @@ func newPoolCollector(m *Metrics) *poolCollector {
 			"Voices a chunk-causal flow's prompt cache dropped for room (least recently used first).", inst, nil),
 		promptBytes: prometheus.NewDesc("voxmux_engine_prompt_cache_bytes",
 			"Bytes of voice prompts' keys and values a chunk-causal flow keeps now (bounded by engine option flow_prompt_cache_mb).", inst, nil),
+		flowKVBytes: prometheus.NewDesc("voxmux_engine_flow_kv_bytes",
+			"Device memory a chunk-causal flow holds now for keys and values: streams' kept frames, the prompt cache and batches' padded past.", inst, nil),
+		flowKVPeak: prometheus.NewDesc("voxmux_engine_flow_kv_peak_bytes",
+			"The most device memory a chunk-causal flow has held for keys and values since the instance started.", inst, nil),
+		flowKVLimit: prometheus.NewDesc("voxmux_engine_flow_kv_limit_bytes",
+			"A chunk-causal flow's bound on its keys' and values' device memory (engine option flow_kv_memory_mb).", inst, nil),
+		flowKVWaits: prometheus.NewDesc("voxmux_engine_flow_kv_waits_total",
+			"Times a chunk-causal flow batch waited for memory under flow_kv_memory_mb (reset when the process restarts).", inst, nil),
+		flowKVPreemptions: prometheus.NewDesc("voxmux_engine_flow_kv_preemptions_total",
+			"Streams whose kept frames a chunk-causal flow dropped for room and computed again (reset when the process restarts).", inst, nil),
 	}
 }
 
 func (c *poolCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait, c.cancels, c.cancelFreeing, c.promptHits, c.promptMisses, c.promptEvictions, c.promptBytes} {
+	for _, d := range []*prometheus.Desc{c.queueLength, c.inflight, c.groupInflight, c.capacity, c.ready, c.restarts, c.batches, c.items, c.busy, c.wait, c.cancels, c.cancelFreeing, c.promptHits, c.promptMisses, c.promptEvictions, c.promptBytes,
+		c.flowKVBytes, c.flowKVPeak, c.flowKVLimit, c.flowKVWaits, c.flowKVPreemptions} {
 		ch <- d
 	}
 }
@@ -230,6 +248,13 @@ func (c *poolCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.promptMisses, prometheus.CounterValue, float64(pc.Misses), l...)
 			ch <- prometheus.MustNewConstMetric(c.promptEvictions, prometheus.CounterValue, float64(pc.Evictions), l...)
 			ch <- prometheus.MustNewConstMetric(c.promptBytes, prometheus.GaugeValue, float64(pc.Bytes), l...)
+		}
+		if fm, ok := c.m.flowMem[b]; ok {
+			ch <- prometheus.MustNewConstMetric(c.flowKVBytes, prometheus.GaugeValue, float64(fm.Bytes), l...)
+			ch <- prometheus.MustNewConstMetric(c.flowKVPeak, prometheus.GaugeValue, float64(fm.Peak), l...)
+			ch <- prometheus.MustNewConstMetric(c.flowKVLimit, prometheus.GaugeValue, float64(fm.Limit), l...)
+			ch <- prometheus.MustNewConstMetric(c.flowKVWaits, prometheus.CounterValue, float64(fm.Waits), l...)
+			ch <- prometheus.MustNewConstMetric(c.flowKVPreemptions, prometheus.CounterValue, float64(fm.Preemptions), l...)
 		}
 		for _, s := range c.m.stage[b] {
 			sl := []string{s.Stage, b.GroupName(), b.Name}

@@ -15,6 +15,19 @@ type Health struct {
 	Cancels CancelStats
 	// PromptCache is a chunk-causal flow's voice prompt cache (zero for models without one).
 	PromptCache PromptCacheStats
+	// FlowMemory is a chunk-causal flow's device memory for keys and values (zero for models
+	// without one).
+	FlowMemory FlowMemoryStats
+}
+
+// FlowMemoryStats are a chunk-causal flow's device memory figures (docs/cosyvoice3.md, "Memory"):
+// the bytes of keys and values allocated now (streams' kept frames, the prompt cache's voices and
+// batches' padded past), the most since the engine started, the engine's bound on them
+// (flow_kv_memory_mb), how many times a batch waited for memory, and how many streams had their
+// kept frames dropped for room and computed again.
+type FlowMemoryStats struct {
+	Bytes, Peak, Limit int64
+	Waits, Preemptions uint64
 }
 
 // CancelStats sums what cancelled requests cost an engine: Count requests were cancelled (their

@@ -20,6 +20,8 @@ type Report struct {
 	FirstAudio []FirstAudio
 	// PromptCache is a chunk-causal flow's voice prompt cache (zero for engines without one).
 	PromptCache tts.PromptCacheStats
+	// FlowMemory is a chunk-causal flow's device memory (zero for engines without one).
+	FlowMemory tts.FlowMemoryStats
 }
 
 // FirstAudio is where one request's first audio spent its time: the parts of its way through the
@@ -42,6 +44,9 @@ func Merge(reports ...Report) Report {
 		out.Cancels = AddCancels(out.Cancels, r.Cancels)
 		out.FirstAudio = append(out.FirstAudio, r.FirstAudio...)
 		out.PromptCache = AddPromptCache(out.PromptCache, r.PromptCache)
+		f := r.FlowMemory
+		out.FlowMemory = tts.FlowMemoryStats{Bytes: out.FlowMemory.Bytes + f.Bytes, Peak: out.FlowMemory.Peak + f.Peak,
+			Limit: out.FlowMemory.Limit + f.Limit, Waits: out.FlowMemory.Waits + f.Waits, Preemptions: out.FlowMemory.Preemptions + f.Preemptions}
 	}
 	out.Stages = Sum(all...)
 	return out

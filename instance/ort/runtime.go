@@ -134,6 +134,23 @@ func (r *Runtime) CUDA() bool { return r.provider == "cuda" }
 // Device is the CUDA device the runtime's sessions run on (0 on the CPU).
 func (r *Runtime) Device() int { return r.device }
 
+// DeviceMemory is the memory its sessions may take on their GPU: the group's gpu_memory_limit
+// where set, else the device's size; 0 on the CPU or where neither is known.
+func (r *Runtime) DeviceMemory() uint64 {
+	if !r.CUDA() {
+		return 0
+	}
+	if l, err := strconv.ParseUint(r.cudaOpts["gpu_mem_limit"], 10, 64); err == nil && l > 0 {
+		return l
+	}
+	for _, g := range CUDADevices() {
+		if g.Index == r.device {
+			return g.MemoryTotal
+		}
+	}
+	return 0
+}
+
 // sessionOptions makes session options for the runtime's provider, its CUDA provider options
 // replaced by those in cuda.
 func (r *Runtime) sessionOptions(cuda map[string]string) (_ *onnxrt.SessionOptions, err error) {

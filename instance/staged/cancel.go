@@ -69,13 +69,7 @@ func (e *Engine) release(s *stream) {
 	e.active.Add(-1)
 	e.cancels.Left(&s.cancelAt)
 	// No stage holds the stream: its kept keys and values go.
-	if kv := s.kv; kv != nil {
-		s.kv = nil
-		if kv.base != nil {
-			e.p.prompts.release(kv.base)
-		}
-		kv.close()
-	}
+	e.freeKV(s)
 }
 
 // watchCancel notes when s's request is cancelled while the engine still works on it (not when

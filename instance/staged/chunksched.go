@@ -18,6 +18,9 @@ const chunkEncoderContext = 8
 // and the stream's tokens together of the item's first token (the encoder's window).
 type chunkSpan struct {
 	from, end, emit, tokFrom int
+	// toks are the voice's and the stream's tokens to the chunk's end and look-ahead: a run that
+	// computes again frames its stream gave up (chunkKV.drop) reads from further back.
+	toks []int64
 }
 
 // voiceFrames is how many of a voice prompt's frames depend on the voice alone under the
@@ -64,8 +67,9 @@ func (e *Engine) chunkItem(s *stream, prompt []int64, end, la int, last bool, te
 		s.kvFrom = e.p.m.voiceFrames(P * R)
 	}
 	sp := chunkSpan{from: s.kvFrom, end: (P + end) * R, emit: (P + s.flowed) * R}
-	sp.tokFrom = max(0, (sp.from-f.ConvContextFrames)/R-chunkEncoderContext)
+	sp.tokFrom = e.p.m.chunkTokFrom(sp.from)
 	all := slices.Concat(prompt, s.tokens[:end+la])
+	sp.toks = all
 	if last {
 		s.kvFrom = sp.end
 	} else {

@@ -41,6 +41,9 @@ type Engine struct {
 	// wakeFlow makes the flow loop drop cancelled chunks from its queue now rather than when a
 	// batch next ends.
 	wakeFlow chan struct{}
+	// kvMu guards streams' kept keys and values (stream.kv) where the flow loop frees them for
+	// room while another stage may release the stream.
+	kvMu sync.Mutex
 	// Speech tokens per character of text, learned from the streams the LM finished: it places
 	// each chunk in the text (textSpan). Owned by the LM loop.
 	tokensPerRune float64

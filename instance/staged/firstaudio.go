@@ -18,6 +18,9 @@ func (e *Engine) Report() engine.Report {
 	if e.p.prompts != nil {
 		r.PromptCache = e.p.prompts.stats()
 	}
+	if e.p.flowMem != nil {
+		r.FlowMemory = e.p.flowMem.stats()
+	}
 	return r
 }
 

@@ -31,10 +31,16 @@ type flowJob struct {
 
 // chunkJob is what a chunk-causal run reads of its stream besides its tokens.
 type chunkJob struct {
-	span  chunkSpan
 	st    *chunkKV
 	voice *Voice // nil: none
 	last  bool
+	// span is the item's: run sets span.from to where its mel starts.
+	span *chunkSpan
+	// toks are the voice's and the stream's tokens to the chunk's end and look-ahead; the encoder
+	// reads them from span.tokFrom.
+	toks []int64
+	// grant is the batch's memory (flowMemory), shared by its jobs.
+	grant *flowGrant
 }
 
 // frames are the job's frames that the flow returns: all but the look-ahead's.
@@ -74,9 +80,9 @@ type flowRunner interface {
 }
 
 // newFlow opens one flow worker of the kind the manifest's graphs call for.
-func newFlow(rt *ort.Runtime, m *Manifest, opt options, prompts *promptCache) (flowRunner, error) {
+func newFlow(rt *ort.Runtime, m *Manifest, opt options, prompts *promptCache, mem *flowMemory) (flowRunner, error) {
 	if m.Flow.ChunkStep != "" {
-		c, err := newFlowChunks(rt, m, prompts)
+		c, err := newFlowChunks(rt, m, prompts, mem)
 		if err != nil {
 			return nil, err
 		}

@@ -42,7 +42,7 @@ func TestFlowGraphsOnGPU(t *testing.T) {
 		}
 		defer rt.Close()
 		t0 := time.Now()
-		f, err := newFlow(rt, &mm, resolveOptions(Options{FlowCUDAGraph: FlowGraph(mode)}, true, &mm), nil)
+		f, err := newFlow(rt, &mm, resolveOptions(Options{FlowCUDAGraph: FlowGraph(mode)}, true, &mm), nil, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}

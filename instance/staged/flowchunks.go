@@ -2,6 +2,8 @@ package staged
 
 import (
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -20,17 +22,28 @@ type flowChunks struct {
 	m         *Manifest
 	enc, step *iobind.Session
 	cache     *promptCache
+	mem       *flowMemory
 	elem      iobind.Elem // the kept keys' and values' type (the manifest's dtype)
 }
 
 // chunkKV is the keys and values of an utterance's kept frames, per Euler step: the frames of a
-// voice prompt's entry (base), then its own n. xs holds, per step, the last conv_context_frames
+// voice prompt's entry (base), then its own n, in segments of exactly the frames each run kept
+// (no spare capacity, nothing copied to grow). xs holds, per step, the last conv_context_frames
 // (or fewer) kept frames' samples as they entered the step, frame-major.
 type chunkKV struct {
 	base *voiceKV
-	kv   []*iobind.Tensor // per step [capacity, kv_layers, 4, kv_width]
+	segs []kvSeg
 	n    int
 	xs   [][]float32
+	// mem is where the segments' bytes are counted; bytes what they take.
+	mem   *flowMemory
+	bytes int64
+}
+
+// kvSeg is frames kept by one run: [steps, frames, kv_layers, 4, kv_width].
+type kvSeg struct {
+	t      *iobind.Tensor
+	frames int
 }
 
 func (c *chunkKV) baseFrames() int {
@@ -45,18 +58,38 @@ func (c *chunkKV) done() int { return c.baseFrames() + c.n }
 
 // close frees the frames c holds itself.
 func (c *chunkKV) close() {
-	release(c.kv)
-	c.kv, c.n = nil, 0
+	for _, s := range c.segs {
+		s.t.Release()
+	}
+	c.segs, c.n = nil, 0
+	if c.mem != nil {
+		c.mem.free(c.bytes)
+	}
+	c.bytes = 0
 }
 
-func newFlowChunks(rt *ort.Runtime, m *Manifest, cache *promptCache) (*flowChunks, error) {
+// drop frees c's own frames, keeping its voice's: a stream gives them up for room and computes
+// them again from the voice's on.
+func (c *chunkKV) drop(steps int) {
+	c.close()
+	if c.base != nil {
+		c.xs = cloneAll(c.base.kv.xs)
+	} else {
+		c.xs = make([][]float32, steps)
+	}
+}
+
+func newFlowChunks(rt *ort.Runtime, m *Manifest, cache *promptCache, mem *flowMemory) (*flowChunks, error) {
 	if m.noise == nil {
 		return nil, fmt.Errorf("flow.chunk_step needs flow.noise: a voice's kept frames must not depend on a request's seed")
 	}
 	if m.Flow.ChunkFrames%m.Flow.FramesPerToken != 0 {
 		return nil, fmt.Errorf("flow.chunk_frames %d is not a whole number of tokens of flow.frames_per_token %d", m.Flow.ChunkFrames, m.Flow.FramesPerToken)
 	}
-	s := &flowChunks{m: m, cache: cache, elem: iobind.Float32}
+	if mem == nil {
+		mem = newFlowMemory(math.MaxInt64)
+	}
+	s := &flowChunks{m: m, cache: cache, mem: mem, elem: iobind.Float32}
 	if m.DType == "float16" {
 		s.elem = iobind.Float16
 	}
@@ -101,42 +134,61 @@ type chunkRow struct {
 	voiceKey *[32]byte
 }
 
-// run computes each job's frames and returns their mel, channel-major [mel][end−from].
+// chunkPlan is what a chunk-causal run computes of one job: frames [from, end), keeping keep.
+// from is the first frame the stream has not kept: its span's start, or earlier where the stream
+// gave up its own frames for room (chunkKV.drop) and computes them again.
+func (m *Manifest) chunkPlan(done int, sp *chunkSpan, last bool) (from, keep int) {
+	from = done
+	keep = sp.end - from
+	if !last {
+		keep = max(0, sp.end/m.Flow.ChunkFrames*m.Flow.ChunkFrames-from)
+	}
+	return from, keep
+}
+
+// chunkTokFrom is the first token (from the voice prompt's) the encoder reads for frames from on.
+func (m *Manifest) chunkTokFrom(from int) int {
+	return max(0, (from-m.Flow.ConvContextFrames)/m.Flow.FramesPerToken-chunkEncoderContext)
+}
+
+// run computes each job's frames and returns their mel, channel-major [mel][end−from]; each
+// job's span.from is where its mel starts.
 func (s *flowChunks) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
 	rows := make([]*chunkRow, len(jobs))
+	var grant *flowGrant
 	for i, j := range jobs {
 		ck := j.chunk
-		st := ck.st
-		if st.kv == nil && st.base == nil && ck.voice != nil && s.m.voiceFrames(len(ck.voice.SpeechTokens)*s.m.Flow.FramesPerToken) > 0 {
-			if err := s.attachVoice(st, ck.voice, j.embedding); err != nil {
+		st, sp := ck.st, ck.span
+		grant = ck.grant
+		if st.base == nil && st.n == 0 && ck.voice != nil && s.m.voiceFrames(len(ck.voice.SpeechTokens)*s.m.Flow.FramesPerToken) > 0 {
+			if err := s.attachVoice(st, ck.voice, j.embedding, grant); err != nil {
 				return nil, err
 			}
 		}
-		if st.done() != ck.span.from {
-			return nil, fmt.Errorf("chunk flow: the stream keeps %d frames, its chunk starts at %d", st.done(), ck.span.from)
+		if st.done() > sp.from {
+			return nil, fmt.Errorf("chunk flow: the stream keeps %d frames, its chunk starts at %d", st.done(), sp.from)
 		}
-		keep := ck.span.end - ck.span.from
-		if !ck.last {
-			keep = max(0, ck.span.end/s.m.Flow.ChunkFrames*s.m.Flow.ChunkFrames-ck.span.from)
-		}
-		rows[i] = &chunkRow{st: st, end: ck.span.end, keep: keep, tokens: j.tokens, tokFrom: ck.span.tokFrom, cond: j.cond, emb: j.embedding}
+		from, keep := s.m.chunkPlan(st.done(), sp, ck.last)
+		sp.from = from
+		sp.tokFrom = s.m.chunkTokFrom(from)
+		rows[i] = &chunkRow{st: st, end: sp.end, keep: keep, tokens: ck.toks[sp.tokFrom:], tokFrom: sp.tokFrom, cond: j.cond, emb: j.embedding}
 	}
-	return s.compute(rows, stop)
+	return s.compute(rows, stop, grant)
 }
 
 // attachVoice gives st the voice's kept frames, from the cache or computed now.
-func (s *flowChunks) attachVoice(st *chunkKV, v *Voice, emb []float32) error {
+func (s *flowChunks) attachVoice(st *chunkKV, v *Voice, emb []float32, grant *flowGrant) error {
 	V := s.m.voiceFrames(len(v.SpeechTokens) * s.m.Flow.FramesPerToken)
 	ent, err := s.cache.acquire(voiceKey(v), func() (*chunkKV, int64, error) {
 		kv := &chunkKV{xs: make([][]float32, s.m.Flow.Steps)}
 		// The voice alone: its tokens, no request after them; frames [0, V) read none of the
 		// frames after V (the mask) and no token after the prompt (V stops short of its look-ahead).
 		row := &chunkRow{st: kv, end: V, keep: V, tokens: v.SpeechTokens, cond: v.Mel, emb: emb}
-		if _, err := s.compute([]*chunkRow{row}, nil); err != nil {
+		if _, err := s.compute([]*chunkRow{row}, nil, grant); err != nil {
 			kv.close()
 			return nil, 0, fmt.Errorf("voice %s's prompt: %w", v.Name, err)
 		}
-		return kv, int64(V) * int64(s.m.Flow.Steps) * s.frameBytes(), nil
+		return kv, kv.bytes, nil
 	})
 	if err != nil {
 		return err
@@ -191,8 +243,9 @@ func (s *flowChunks) encode(rows []*chunkRow) error {
 }
 
 // compute runs rows through every Euler step in one batch, keeps each row's keep new frames and
-// returns its mel, channel-major.
-func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}) ([][]float32, error) {
+// returns its mel, channel-major. Its device memory comes out of grant (flowMemory): the kept
+// frames, and the padded past and present, given back at the end.
+func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flowGrant) ([][]float32, error) {
 	f := s.m.Flow
 	M, C, R, K := f.MelBins, f.ConvContextFrames, f.FramesPerToken, f.Steps
 	if err := s.encode(rows); err != nil {
@@ -233,16 +286,41 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}) ([][]float3
 				x[b][ch*n+i] = row[ch]
 			}
 		}
-		if r.keep > 0 {
-			if err := s.grow(r.st, r.st.n+r.keep); err != nil {
-				return nil, err
-			}
-		}
 	}
 	fb := s.frameBytes()
 	kvShape := func(frames int) []int64 {
 		return []int64{int64(B), int64(frames), int64(f.KVLayers), 4, int64(f.KVWidth)}
 	}
+	// Each row's kept frames, allocated exactly; they join the row's state once every step ran.
+	segs := make([]*iobind.Tensor, B)
+	var segBytes int64
+	defer func() {
+		// Not handed over: a failed or stopped batch.
+		for _, t := range segs {
+			t.Release()
+		}
+		s.mem.free(segBytes)
+	}()
+	for b, r := range rows {
+		if r.keep == 0 {
+			continue
+		}
+		n := int64(K*r.keep) * fb
+		if err := grant.take(s.mem, n); err != nil {
+			return nil, err
+		}
+		segBytes += n
+		t, err := s.step.AllocEmpty([]int64{int64(K), int64(r.keep), int64(f.KVLayers), 4, int64(f.KVWidth)}, s.elem)
+		if err != nil {
+			return nil, fmt.Errorf("flow chunk step, keeping %d frames: %w", r.keep, err)
+		}
+		segs[b] = t
+	}
+	scratch := int64(B*(P+N)) * fb
+	if err := grant.take(s.mem, scratch); err != nil {
+		return nil, err
+	}
+	defer s.mem.free(scratch)
 	past, err := s.step.Alloc(kvShape(P), s.elem)
 	if err != nil {
 		return nil, fmt.Errorf("flow chunk step: %w", err)
@@ -315,12 +393,14 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}) ([][]float3
 			}
 			// The row's past: the voice's kept frames, then its own.
 			off := int64(b*P) * fb
-			if bf := r.st.baseFrames(); bf > 0 {
-				copies = append(copies, iobind.Copy{Dst: past, DstOff: off, DstPitch: int64(bf) * fb, Src: r.st.base.kv.kv[k], SrcPitch: int64(bf) * fb, Width: int64(bf) * fb, Height: 1})
-				off += int64(bf) * fb
+			var own []kvSeg
+			if r.st.base != nil {
+				own = r.st.base.kv.segs
 			}
-			if r.st.n > 0 {
-				copies = append(copies, iobind.Copy{Dst: past, DstOff: off, DstPitch: int64(r.st.n) * fb, Src: r.st.kv[k], SrcPitch: int64(r.st.n) * fb, Width: int64(r.st.n) * fb, Height: 1})
+			for _, sg := range slices.Concat(own, r.st.segs) {
+				w := int64(sg.frames) * fb
+				copies = append(copies, iobind.Copy{Dst: past, DstOff: off, DstPitch: w, Src: sg.t, SrcOff: int64(k) * w, SrcPitch: w, Width: w, Height: 1})
+				off += w
 			}
 		}
 		if err := iobind.Copies(copies); err != nil {
@@ -355,7 +435,8 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}) ([][]float3
 				copy(x[b][ch*n:(ch+1)*n], next[(b*M+ch)*N:(b*M+ch)*N+n])
 			}
 			if r.keep > 0 {
-				copies = append(copies, iobind.Copy{Dst: r.st.kv[k], DstOff: int64(r.st.n) * fb, DstPitch: int64(r.keep) * fb, Src: present, SrcOff: int64(b*N) * fb, SrcPitch: int64(r.keep) * fb, Width: int64(r.keep) * fb, Height: 1})
+				w := int64(r.keep) * fb
+				copies = append(copies, iobind.Copy{Dst: segs[b], DstOff: int64(k) * w, DstPitch: w, Src: present, SrcOff: int64(b*N) * fb, SrcPitch: w, Width: w, Height: 1})
 			}
 		}
 		if err := iobind.Copies(copies); err != nil {
@@ -373,34 +454,15 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}) ([][]float3
 			}
 			r.st.xs[k] = xs
 		}
+		n := int64(K*r.keep) * fb
+		r.st.segs = append(r.st.segs, kvSeg{t: segs[b], frames: r.keep})
 		r.st.n += r.keep
+		r.st.bytes += n
+		r.st.mem = s.mem
+		segs[b] = nil
+		segBytes -= n
 	}
 	return x, nil
-}
-
-// grow makes room in st for frames of its own.
-func (s *flowChunks) grow(st *chunkKV, frames int) error {
-	f := s.m.Flow
-	if len(st.kv) > 0 && st.kv[0].Shape[0] >= int64(frames) {
-		return nil
-	}
-	capacity := max(frames, 2*st.n, f.ChunkFrames)
-	fb := s.frameBytes()
-	kv := make([]*iobind.Tensor, f.Steps)
-	for k := range kv {
-		t, err := s.step.Alloc([]int64{int64(capacity), int64(f.KVLayers), 4, int64(f.KVWidth)}, s.elem)
-		if err == nil && st.n > 0 {
-			err = iobind.Copy2D(t, 0, int64(st.n)*fb, st.kv[k], 0, int64(st.n)*fb, int64(st.n)*fb, 1)
-		}
-		if err != nil {
-			release(kv)
-			return fmt.Errorf("flow chunk step, keeping %d frames: %w", frames, err)
-		}
-		kv[k] = t
-	}
-	release(st.kv)
-	st.kv = kv
-	return nil
 }
 
 func fill(n int, v float32) []float32 {

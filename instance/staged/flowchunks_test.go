@@ -197,3 +197,76 @@ func TestChunkFlowPromptCacheEvictsAndChangedVoice(t *testing.T) {
 		t.Fatalf("the first voice again: %+v, want a hit", pc)
 	}
 }
+
+// Under a flow_kv_memory_mb too small for the requests at once, every one of many concurrent
+// streams completes with the mel it has alone in an unbounded engine: batches wait for memory
+// and streams give up their kept frames and compute them again, and the memory in use never
+// passes the bound.
+func TestChunkFlowMemoryBound(t *testing.T) {
+	texts := []string{chunkText, "Another sentence, in the same voice.", "A third one, somewhat longer than the second, to keep more chunks.",
+		"Short.", "The fifth request speaks of memory, and of waiting for it.", "Six streams at once."}
+	run := func(limit int64) (map[uint64][]float32, tts.FlowMemoryStats, tts.PromptCacheStats) {
+		e, _ := tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
+		if limit > 0 {
+			e.p.flowMem.limit = limit
+		}
+		var mu sync.Mutex
+		mels := map[uint64][]float32{}
+		M := e.p.m.Flow.MelBins
+		e.onMel = func(s *stream, mel []float32, last bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			// Frame-major, so that chunks append.
+			mels[s.req.Seed] = append(mels[s.req.Seed], frameMajor(mel, M, len(mel)/M)...)
+		}
+		var wg sync.WaitGroup
+		errs := make([]error, len(texts))
+		for i, text := range texts {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = e.Synthesize(context.Background(), tts.Request{Text: text, Voice: "bench", Seed: uint64(i + 1)}, func(tts.Chunk) error { return nil })
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("limit %d, request %d: %v", limit, i, err)
+			}
+		}
+		r := e.Report()
+		return mels, r.FlowMemory, r.PromptCache
+	}
+	want, free, _ := run(0)
+	if free.Peak == 0 || free.Waits != 0 || free.Preemptions != 0 {
+		t.Fatalf("unbounded: %+v", free)
+	}
+	// One stream's worth: the requests must take turns.
+	e, _ := tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
+	one := tinyPeak(t, e, texts[2])
+	got, fm, pc := run(one)
+	t.Logf("unbounded peak %d bytes; bound %d: %+v", free.Peak, one, fm)
+	if fm.Peak > fm.Limit || fm.Limit != one {
+		t.Errorf("peak %d bytes under a bound of %d", fm.Peak, fm.Limit)
+	}
+	if fm.Waits == 0 || fm.Preemptions == 0 {
+		t.Errorf("under a bound of one stream no batch waited for memory or no stream gave up its frames: %+v", fm)
+	}
+	if fm.Bytes != pc.Bytes {
+		t.Errorf("after every request: %d bytes in use, the prompt cache's %d", fm.Bytes, pc.Bytes)
+	}
+	for seed, w := range want {
+		if d := maxDiff(got[seed], w); len(got[seed]) != len(w) || d > 1e-4 {
+			t.Errorf("request %d: %d values, max |diff| %.3g against the unbounded run's %d", seed, len(got[seed]), d, len(w))
+		}
+	}
+}
+
+// tinyPeak is the most flow memory one request of text takes alone.
+func tinyPeak(t *testing.T, e *Engine, text string) int64 {
+	t.Helper()
+	if err := e.Synthesize(context.Background(), tts.Request{Text: text, Voice: "bench", Seed: 9}, func(tts.Chunk) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	return e.Report().FlowMemory.Peak
+}

@@ -41,10 +41,10 @@ func (p *Pipeline) flowJob(it *flowItem) flowJob {
 func (p *Pipeline) chunkJob(it *flowItem) flowJob {
 	s := it.s
 	if s.kv == nil {
-		s.kv = &chunkKV{xs: make([][]float32, p.m.Flow.Steps)}
+		s.kv = p.newChunkKV()
 	}
 	j := flowJob{tokens: it.tokens, prompt: it.prompt, lookahead: it.lookahead,
-		chunk: &chunkJob{span: *it.chunk, st: s.kv, voice: s.voice, last: it.last}}
+		chunk: &chunkJob{span: it.chunk, toks: it.chunk.toks, st: s.kv, voice: s.voice, last: it.last}}
 	if v := s.voice; v != nil {
 		j.cond, j.embedding = v.Mel, v.Embedding
 	}

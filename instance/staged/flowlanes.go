@@ -1,6 +1,7 @@
 package staged
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -31,6 +32,8 @@ type flowRun struct {
 	mels   [][]float32 // each item's, once done
 	busy   time.Duration
 	err    error
+	// grant is the chunk-causal flow's memory reserved for the batch (flowMemory); nil without it.
+	grant *flowGrant
 }
 
 // urgent reports whether the batch leads with a first chunk.
@@ -172,6 +175,13 @@ func (e *Engine) flowLoop() {
 	finished := make(chan *flowRun)
 	ready := e.flowQ.Ready()
 	var waiting []*flowItem
+	var cm *chunkMemory
+	var freed chan struct{}
+	if e.p.flowMem != nil {
+		cm = &chunkMemory{e: e, mem: e.p.flowMem}
+		freed = e.p.flowMem.freed
+	}
+	blocked := false // waiting for memory
 	for {
 		items, ok := e.flowQ.TryPopAll()
 		waiting = liveItems(e, append(waiting, items...), func(it *flowItem) *stream { return it.s })
@@ -191,22 +201,56 @@ func (e *Engine) flowLoop() {
 			if len(take) == 0 {
 				break
 			}
+			var grant *flowGrant
+			if cm != nil {
+				if take, rest, grant = cm.admit(take, rest); grant == nil {
+					waiting = rest
+					if !blocked {
+						blocked = true
+						cm.mem.waited()
+					}
+					if all, _ := lanes.running(); all > 0 {
+						break // a batch under way frees its scratch memory when done
+					}
+					head := waiting[0]
+					err := cm.tooBig(head)
+					if err == nil && cm.makeRoom(head) {
+						continue
+					}
+					if err == nil {
+						err = fmt.Errorf("chunk flow: no room for a chunk under engine.flow_kv_memory_mb (%d MiB)", cm.mem.limit>>20)
+					}
+					waiting = waiting[1:]
+					head.s.finish(err)
+					e.release(head.s)
+					continue
+				}
+				blocked = false
+			}
 			waiting = rest
 			now := time.Now()
 			for _, it := range take {
 				e.stats.Waited(stageFlow, now, it.queued)
 			}
-			r := &flowRun{items: take, worker: w}
+			r := &flowRun{items: take, worker: w, grant: grant}
 			lanes.add(r)
 			go e.runFlow(r, finished)
 		}
 		select {
 		case r := <-finished:
 			lanes.remove(r)
+			if cm != nil {
+				for _, it := range r.items {
+					if r.err == nil && !it.last && it.s.kv != nil && it.s.kv.n > 0 {
+						cm.keeps(it.s)
+					}
+				}
+			}
 			e.stats.CountFor(stageFlow, len(r.items), r.busy)
 			e.flowDone(r, r.err)
 		case <-ready:
 		case <-e.wakeFlow:
+		case <-freed:
 		}
 	}
 }
@@ -217,11 +261,15 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 	jobs := make([]flowJob, len(r.items))
 	for i, it := range r.items {
 		jobs[i] = e.p.flowJob(it)
+		if jobs[i].chunk != nil {
+			jobs[i].chunk.grant = r.grant
+		}
 	}
 	stop, unwatch := cancelledBatch(r.items, e.done)
 	t0 := time.Now()
 	r.mels, r.err = e.p.flows[r.worker].run(jobs, stop)
 	r.busy = time.Since(t0)
+	r.grant.done()
 	unwatch()
 	if r.err != nil && r.items[0].s.ctx.Err() != nil && !isShutDown(e.done) {
 		r.err = r.items[0].s.ctx.Err() // stopped because every item was cancelled
@@ -261,6 +309,9 @@ func (e *Engine) flowDone(r *flowRun, err error) {
 		}
 		if e.onMel != nil {
 			e.onMel(it.s, chunk, it.last)
+		}
+		if it.chunk != nil && it.last {
+			e.freeKV(it.s) // no later chunk reads its frames
 		}
 		win := it.s.vocHist.window(m, chunk, it.last)
 		if it.first {

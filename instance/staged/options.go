@@ -53,6 +53,16 @@ type Options struct {
 	// cache"); the least recently used voice goes first. 0: 8192 on CUDA (22 five-second voices of
 	// CosyVoice3-0.5B at 360 MB each), 1024 on the CPU. Ignored without flow.chunk_step.
 	FlowPromptCacheMB int `json:"flow_prompt_cache_mb"`
+	// FlowKVMemoryMB bounds, in MiB, all the device memory a model with the chunk-causal flow
+	// (flow.chunk_step) takes for keys and values: every stream's kept frames, the prompt cache
+	// and each batch's padded past (docs/cosyvoice3.md, "Memory"). A batch that would pass it
+	// waits for memory to free; a stream whose frames fit no more gives them up and computes them
+	// again later. 0: on CUDA 40% of the group's gpu_memory_limit, or of the GPU where none is set
+	// (32 GB of an 80 GB H100: the LM's CUDA graphs, the vocoder and ONNX Runtime's arenas took
+	// 29 GiB of it at one stream; 24 GiB where the GPU's size cannot be read), 2048 on the CPU.
+	// The prompt cache's default is then at most a quarter of it. Ignored without
+	// flow.chunk_step.
+	FlowKVMemoryMB int `json:"flow_kv_memory_mb"`
 	// FlowChunkEmit is where a chunk-causal flow's chunks end. Unset: early.
 	FlowChunkEmit ChunkEmit `json:"flow_chunk_emit"`
 	// LMMinTokensPerTextToken replaces the manifest's lm.min_tokens_per_text_token, the fewest
@@ -208,6 +218,9 @@ func (o Options) Validate() error {
 	if o.FlowWorkers < 0 || o.FlowWorkers > 8 {
 		return &tts.OptionError{Key: "flow_workers", Msg: fmt.Sprintf("%d is not a number of workers from 1 to 8", o.FlowWorkers)}
 	}
+	if o.FlowKVMemoryMB < 0 {
+		return &tts.OptionError{Key: "flow_kv_memory_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowKVMemoryMB)}
+	}
 	if o.FlowPromptCacheMB < 0 {
 		return &tts.OptionError{Key: "flow_prompt_cache_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowPromptCacheMB)}
 	}
@@ -246,10 +259,35 @@ type options struct {
 	exactBatches  bool // flow and vocoder batches of one item length (Options.ExactBatches)
 	// promptCacheBytes bounds the chunk-causal flow's prompt cache (Options.FlowPromptCacheMB).
 	promptCacheBytes int64
-	chunkEmit        ChunkEmit
+	// flowKVBytes bounds the chunk-causal flow's device memory (Options.FlowKVMemoryMB).
+	flowKVBytes int64
+	chunkEmit   ChunkEmit
 	// minTokensPerTextToken is the LM's minimum speech tokens per text token: the option's, else
 	// the manifest's lm.min_tokens_per_text_token.
 	minTokensPerTextToken float64
+}
+
+// flowKVBytes is the chunk-causal flow's memory bound (Options.FlowKVMemoryMB): the option's, else
+// 40% of device (the bytes the flow's sessions may take on their GPU; 0: unknown).
+func flowKVBytes(o Options, cuda bool, device uint64) int64 {
+	switch {
+	case o.FlowKVMemoryMB > 0:
+		return int64(o.FlowKVMemoryMB) << 20
+	case !cuda:
+		return 2048 << 20
+	case device == 0:
+		return 24 << 30
+	}
+	return int64(device) / 5 * 2
+}
+
+// setFlowKV sets the chunk-causal flow's memory bound for a GPU of device bytes (0: unknown) and
+// keeps the prompt cache's default within a quarter of it.
+func (r *options) setFlowKV(o Options, cuda bool, device uint64) {
+	r.flowKVBytes = flowKVBytes(o, cuda, device)
+	if o.FlowPromptCacheMB == 0 {
+		r.promptCacheBytes = min(r.promptCacheBytes, r.flowKVBytes/4)
+	}
 }
 
 func resolveOptions(o Options, cuda bool, m *Manifest) options {
@@ -273,6 +311,7 @@ func resolveOptions(o Options, cuda bool, m *Manifest) options {
 		}
 	}
 	r.promptCacheBytes = mb << 20
+	r.setFlowKV(o, cuda, 0)
 	if r.lmGraph == "" {
 		// The LM's graphs made a decode step 2-3× faster and a prefill of one prompt 3× faster
 		// (docs/benchmarks/RESULTS.md); they need the shared cache.

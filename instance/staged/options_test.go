@@ -95,3 +95,29 @@ func TestParseOptions(t *testing.T) {
 		}
 	}
 }
+
+// flow_kv_memory_mb: the option's, else 40% of the GPU (or its gpu_memory_limit), 24 GiB where
+// its size is unknown, 2 GiB on the CPU; the prompt cache's default stays within a quarter of it.
+func TestFlowKVMemory(t *testing.T) {
+	for _, c := range []struct {
+		o      Options
+		cuda   bool
+		device uint64
+		want   int64
+	}{
+		{Options{}, false, 0, 2048 << 20},
+		{Options{}, true, 0, 24 << 30},
+		{Options{}, true, 80e9, 32e9},
+		{Options{FlowKVMemoryMB: 100}, true, 80e9, 100 << 20},
+	} {
+		var r options
+		r.promptCacheBytes = 8192 << 20
+		r.setFlowKV(c.o, c.cuda, c.device)
+		if r.flowKVBytes != c.want || r.promptCacheBytes != min(8192<<20, c.want/4) {
+			t.Errorf("%+v cuda %v device %d: %d bytes, cache %d; want %d", c.o, c.cuda, c.device, r.flowKVBytes, r.promptCacheBytes, c.want)
+		}
+	}
+	if err := (Options{FlowKVMemoryMB: -1}).Validate(); err == nil || !strings.Contains(err.Error(), "engine.flow_kv_memory_mb") {
+		t.Errorf("flow_kv_memory_mb -1: %v", err)
+	}
+}

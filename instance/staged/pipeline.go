@@ -25,6 +25,8 @@ type Pipeline struct {
 	// prompts keeps voice prompts' keys and values for the chunk-causal flow (flow.chunk_step),
 	// shared by its workers; nil without it.
 	prompts *promptCache
+	// flowMem bounds the chunk-causal flow's device memory (flow_kv_memory_mb); nil without it.
+	flowMem *flowMemory
 	// venc makes voices from clips (voice_encoder); nil without one, and in every pipeline of an
 	// instance but the one whose LM is on device 0: it runs on the CPU, so one serves them all.
 	venc *voiceEncoder
@@ -68,11 +70,13 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 		p.lm, err = newLMDecoder(m, rt.LMPlacement(mode.decodeGraphs(), p.opt.lmHighPriority), graphRows, mode.fixedPrefills())
 	}
 	if m.Flow.ChunkStep != "" {
+		p.opt.setFlowKV(o, p.rt2.CUDA(), p.rt2.DeviceMemory())
+		p.flowMem = newFlowMemory(p.opt.flowKVBytes)
 		p.prompts = newPromptCache(p.opt.promptCacheBytes)
 	}
 	for w := 0; err == nil && w < p.opt.flowWorkers; w++ {
 		var f flowRunner
-		if f, err = newFlow(p.rt2, m, p.opt, p.prompts); err == nil {
+		if f, err = newFlow(p.rt2, m, p.opt, p.prompts, p.flowMem); err == nil {
 			p.flows = append(p.flows, f)
 		}
 	}

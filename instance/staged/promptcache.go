@@ -39,6 +39,8 @@ type voiceKV struct {
 	gone  bool // out of the cache: released once refs is 0
 }
 
+// newPromptCache makes a cache of limit bytes; its entries' memory is counted in the flow's
+// memory (flowMemory), which they allocate through.
 func newPromptCache(limit int64) *promptCache {
 	return &promptCache{limit: limit, lru: list.New(), byKey: map[[32]byte]*list.Element{}}
 }
@@ -91,6 +93,36 @@ func (c *promptCache) acquire(key [32]byte, compute func() (*chunkKV, int64, err
 		c.evict(c.lru.Back())
 	}
 	return v, nil
+}
+
+// lookup returns the voice's entry where the cache has it (a hit), else nil; the caller releases
+// it.
+func (c *promptCache) lookup(key [32]byte) *voiceKV {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	el, ok := c.byKey[key]
+	if !ok {
+		return nil
+	}
+	c.hits++
+	c.lru.MoveToFront(el)
+	v := el.Value.(*voiceKV)
+	v.refs++
+	return v
+}
+
+// evictIdle drops the least recently used entry that no stream reads, for room; it reports
+// whether there was one.
+func (c *promptCache) evictIdle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for el := c.lru.Back(); el != nil; el = el.Prev() {
+		if el.Value.(*voiceKV).refs == 0 {
+			c.evict(el)
+			return true
+		}
+	}
+	return false
 }
 
 // evict takes el out of the cache; its memory goes once no stream reads it.

@@ -724,8 +724,14 @@ type HealthResponse struct {
 	PromptCacheEvictions uint64 `protobuf:"varint,10,opt,name=prompt_cache_evictions,json=promptCacheEvictions,proto3" json:"prompt_cache_evictions,omitempty"`
 	PromptCacheBytes     uint64 `protobuf:"varint,11,opt,name=prompt_cache_bytes,json=promptCacheBytes,proto3" json:"prompt_cache_bytes,omitempty"`
 	PromptCacheVoices    uint32 `protobuf:"varint,12,opt,name=prompt_cache_voices,json=promptCacheVoices,proto3" json:"prompt_cache_voices,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// A chunk-causal flow's device memory for keys and values (tts.FlowMemoryStats); zero without one.
+	FlowKvBytes       uint64 `protobuf:"varint,13,opt,name=flow_kv_bytes,json=flowKvBytes,proto3" json:"flow_kv_bytes,omitempty"`
+	FlowKvPeakBytes   uint64 `protobuf:"varint,14,opt,name=flow_kv_peak_bytes,json=flowKvPeakBytes,proto3" json:"flow_kv_peak_bytes,omitempty"`
+	FlowKvLimitBytes  uint64 `protobuf:"varint,15,opt,name=flow_kv_limit_bytes,json=flowKvLimitBytes,proto3" json:"flow_kv_limit_bytes,omitempty"`
+	FlowKvWaits       uint64 `protobuf:"varint,16,opt,name=flow_kv_waits,json=flowKvWaits,proto3" json:"flow_kv_waits,omitempty"`
+	FlowKvPreemptions uint64 `protobuf:"varint,17,opt,name=flow_kv_preemptions,json=flowKvPreemptions,proto3" json:"flow_kv_preemptions,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *HealthResponse) Reset() {
@@ -838,6 +844,41 @@ func (x *HealthResponse) GetPromptCacheBytes() uint64 {
 func (x *HealthResponse) GetPromptCacheVoices() uint32 {
 	if x != nil {
 		return x.PromptCacheVoices
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetFlowKvBytes() uint64 {
+	if x != nil {
+		return x.FlowKvBytes
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetFlowKvPeakBytes() uint64 {
+	if x != nil {
+		return x.FlowKvPeakBytes
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetFlowKvLimitBytes() uint64 {
+	if x != nil {
+		return x.FlowKvLimitBytes
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetFlowKvWaits() uint64 {
+	if x != nil {
+		return x.FlowKvWaits
+	}
+	return 0
+}
+
+func (x *HealthResponse) GetFlowKvPreemptions() uint64 {
+	if x != nil {
+		return x.FlowKvPreemptions
 	}
 	return 0
 }
@@ -981,7 +1022,7 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\bTextSpan\x12\x14\n" +
 	"\x05start\x18\x01 \x01(\rR\x05start\x12\x10\n" +
 	"\x03end\x18\x02 \x01(\rR\x03end\"\x0f\n" +
-	"\rHealthRequest\"\xfb\x03\n" +
+	"\rHealthRequest\"\xcf\x05\n" +
 	"\x0eHealthResponse\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1a\n" +
@@ -995,7 +1036,12 @@ const file_plugin_proto_voxmux_proto_rawDesc = "" +
 	"\x16prompt_cache_evictions\x18\n" +
 	" \x01(\x04R\x14promptCacheEvictions\x12,\n" +
 	"\x12prompt_cache_bytes\x18\v \x01(\x04R\x10promptCacheBytes\x12.\n" +
-	"\x13prompt_cache_voices\x18\f \x01(\rR\x11promptCacheVoices\"\x84\x01\n" +
+	"\x13prompt_cache_voices\x18\f \x01(\rR\x11promptCacheVoices\x12\"\n" +
+	"\rflow_kv_bytes\x18\r \x01(\x04R\vflowKvBytes\x12+\n" +
+	"\x12flow_kv_peak_bytes\x18\x0e \x01(\x04R\x0fflowKvPeakBytes\x12-\n" +
+	"\x13flow_kv_limit_bytes\x18\x0f \x01(\x04R\x10flowKvLimitBytes\x12\"\n" +
+	"\rflow_kv_waits\x18\x10 \x01(\x04R\vflowKvWaits\x12.\n" +
+	"\x13flow_kv_preemptions\x18\x11 \x01(\x04R\x11flowKvPreemptions\"\x84\x01\n" +
 	"\n" +
 	"StageStats\x12\x14\n" +
 	"\x05stage\x18\x01 \x01(\tR\x05stage\x12\x18\n" +
