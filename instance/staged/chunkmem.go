@@ -14,7 +14,7 @@ import (
 // computes what chunk-by-chunk runs do). Only a chunk that alone needs more than the whole bound
 // fails.
 
-func (p *Pipeline) newChunkKV() *chunkKV { return &chunkKV{xs: make([][]float32, p.m.Flow.Steps)} }
+func (p *Pipeline) newChunkKV() *chunkKV { return &chunkKV{} }
 
 // chunkFrameBytes is what one kept frame takes at one Euler step, in the graph's dtype.
 func (m *Manifest) chunkFrameBytes() int64 {
@@ -42,16 +42,17 @@ func (p *Pipeline) chunkPrepare(it *flowItem) {
 	}
 	if st := s.kv; st.base == nil && st.n == 0 && p.chunkVoiceFrames(s) > 0 {
 		if ent := p.prompts.lookup(voiceKey(s.voice)); ent != nil {
-			st.base, st.xs = ent, cloneAll(ent.kv.xs)
+			st.base, st.ctx = ent, ent.kv.ctx
 		}
 	}
 }
 
 // chunkNeed is the most device memory a batch of prepared items allocates (flowChunks.run): the
-// frames each keeps, a voice computed for the cache, and the batch's padded past and present.
+// frames each keeps and their context samples, a voice computed for the cache, and the batch's
+// padded past and present, inputs and working memory (chunkRunBytes).
 func (p *Pipeline) chunkNeed(items []*flowItem) int64 {
 	f := p.m.Flow
-	fb, K := p.m.chunkFrameBytes(), int64(f.Steps)
+	fb, cb, K := p.m.chunkFrameBytes(), p.m.chunkCtxBytes(), int64(f.Steps)
 	var need int64
 	P, N := 1, 0
 	voices := map[[32]byte]bool{}
@@ -63,15 +64,17 @@ func (p *Pipeline) chunkNeed(items []*flowItem) int64 {
 				done = V
 				if key := voiceKey(it.s.voice); !voices[key] {
 					voices[key] = true
-					need += K*int64(V)*fb + int64(1+V)*fb
+					need += K*int64(V)*fb + cb + p.m.chunkRunBytes(1, 1, V)
 				}
 			}
 		}
 		from, keep := p.m.chunkPlan(done, it.chunk, it.last)
-		need += K * int64(keep) * fb
+		if keep > 0 {
+			need += K*int64(keep)*fb + cb
+		}
 		P, N = max(P, from), max(N, it.chunk.end-from)
 	}
-	return need + int64(len(items)*(P+N))*fb
+	return need + p.m.chunkRunBytes(len(items), P, N)
 }
 
 // chunkMemory is the flow loop's side of flowMemory: the streams holding kept frames of their
@@ -152,7 +155,7 @@ func (e *Engine) dropKept(s *stream) bool {
 	if s.kv == nil || s.kv.n == 0 {
 		return false
 	}
-	s.kv.drop(e.p.m.Flow.Steps)
+	s.kv.drop()
 	return true
 }
 

@@ -15,27 +15,41 @@ import (
 // the chunk's end, reading every earlier frame's keys and values (the voice's from the prompt
 // cache, the stream's own from its chunkKV) instead of computing them again. Rows of different
 // past lengths share one call: each row's past is padded to the batch's longest and the graph
-// ignores a row's past frames from its start on. The kept keys and values stay in the session's
-// memory (the GPU); only the new frames' samples cross to the host between Euler steps. Runs
-// uncaptured (no CUDA graphs): a batch's shape changes with its past lengths.
+// ignores a row's past frames from its start on. The kept keys and values, the kept frames'
+// samples and every step's inputs stay in the session's memory (the GPU): a run copies its inputs
+// there once, queues its Euler steps and the device-to-device copies between them on the
+// session's stream without waiting, and copies the last step's samples back once. Runs uncaptured
+// (no CUDA graphs): a batch's shape changes with its past lengths.
 type flowChunks struct {
 	m         *Manifest
 	enc, step *iobind.Session
 	cache     *promptCache
 	mem       *flowMemory
 	elem      iobind.Elem // the kept keys' and values' type (the manifest's dtype)
+	// last is what the latest compute moved between host and device memory, and waited for.
+	last chunkIO
+}
+
+// chunkIO counts one run's copies between host and device memory and its waits for the device
+// (ONNX Runtime's encoder run counts as what it moves and one wait): what must not grow with the
+// number of Euler steps.
+type chunkIO struct {
+	transfers, syncs int
 }
 
 // chunkKV is the keys and values of an utterance's kept frames, per Euler step: the frames of a
 // voice prompt's entry (base), then its own n, in segments of exactly the frames each run kept
-// (no spare capacity, nothing copied to grow). xs holds, per step, the last conv_context_frames
-// (or fewer) kept frames' samples as they entered the step, frame-major.
+// (no spare capacity, nothing copied to grow). ctx holds, per step, the last conv_context_frames
+// (or fewer) kept frames' samples as they entered the step, in the session's memory: float32
+// [steps, mel, conv_context_frames], the frames at the end. Until the stream keeps frames of its
+// own it is its voice's (ownCtx false).
 type chunkKV struct {
-	base *voiceKV
-	segs []kvSeg
-	n    int
-	xs   [][]float32
-	// mem is where the segments' bytes are counted; bytes what they take.
+	base   *voiceKV
+	segs   []kvSeg
+	n      int
+	ctx    *iobind.Tensor
+	ownCtx bool
+	// mem is where the segments' and an own ctx's bytes are counted; bytes what they take.
 	mem   *flowMemory
 	bytes int64
 }
@@ -62,6 +76,10 @@ func (c *chunkKV) close() {
 		s.t.Release()
 	}
 	c.segs, c.n = nil, 0
+	if c.ownCtx {
+		c.ctx.Release()
+	}
+	c.ctx, c.ownCtx = nil, false
 	if c.mem != nil {
 		c.mem.free(c.bytes)
 	}
@@ -70,13 +88,81 @@ func (c *chunkKV) close() {
 
 // drop frees c's own frames, keeping its voice's: a stream gives them up for room and computes
 // them again from the voice's on.
-func (c *chunkKV) drop(steps int) {
+func (c *chunkKV) drop() {
 	c.close()
 	if c.base != nil {
-		c.xs = cloneAll(c.base.kv.xs)
-	} else {
-		c.xs = make([][]float32, steps)
+		c.ctx = c.base.kv.ctx
 	}
+}
+
+// chunkCtxBytes is what a chunkKV's own ctx takes.
+func (m *Manifest) chunkCtxBytes() int64 {
+	f := m.Flow
+	return int64(f.Steps*f.MelBins*f.ConvContextFrames) * 4
+}
+
+// chunkPart is one float32 tensor of a run's inputs or working memory.
+type chunkPart struct {
+	name  string
+	shape []int64
+}
+
+// A run's float32 tensors are views of two device buffers, each tensor at a 256-byte boundary
+// (the alignment CUDA kernels' vector loads expect): in, copied from the host once per run, and
+// work, which its steps write. t_all and dt_all are every step's t and dt, x0 the first step's
+// new frames (the noise); each step copies its own into t, dt and x.
+const (
+	inMask = iota
+	inMu
+	inCond
+	inEmbedding
+	inCFG
+	inTAll
+	inDTAll
+	inX0
+)
+
+const (
+	workX = iota
+	workXNext
+	workT
+	workDT
+)
+
+func (m *Manifest) chunkIn(B, N int) []chunkPart {
+	f := m.Flow
+	b, M, W, K := int64(B), int64(f.MelBins), int64(f.ConvContextFrames+N), int64(f.Steps)
+	return []chunkPart{{"mask", []int64{b, 1, W}}, {"mu", []int64{b, M, W}}, {"cond", []int64{b, M, W}},
+		{"embedding", []int64{b, int64(f.EmbeddingDim)}}, {"cfg", []int64{1}}, {"t_all", []int64{K, b}},
+		{"dt_all", []int64{K}}, {"x0", []int64{b, M, int64(N)}}}
+}
+
+func (m *Manifest) chunkWork(B, N int) []chunkPart {
+	f := m.Flow
+	b, M, W := int64(B), int64(f.MelBins), int64(f.ConvContextFrames+N)
+	return []chunkPart{{"x", []int64{b, M, W}}, {"x_next", []int64{b, M, int64(N)}}, {"t", []int64{b}}, {"dt", []int64{1}}}
+}
+
+// chunkLayout is each part's byte offset in its buffer and the buffer's size.
+func chunkLayout(parts []chunkPart) (offs []int64, bytes int64) {
+	for _, p := range parts {
+		offs = append(offs, bytes)
+		n := int64(4)
+		for _, d := range p.shape {
+			n *= d
+		}
+		bytes += (n + 255) / 256 * 256
+	}
+	return offs, bytes
+}
+
+// chunkRunBytes is the device memory a run of B rows, the longest past P frames and the longest
+// new N, allocates for as long as it runs: its padded past and present, its inputs and working
+// memory.
+func (m *Manifest) chunkRunBytes(B, P, N int) int64 {
+	_, in := chunkLayout(m.chunkIn(B, N))
+	_, work := chunkLayout(m.chunkWork(B, N))
+	return int64(B*(P+N))*m.chunkFrameBytes() + in + work + int64(B)*8
 }
 
 func newFlowChunks(rt *ort.Runtime, m *Manifest, cache *promptCache, mem *flowMemory) (*flowChunks, error) {
@@ -180,7 +266,7 @@ func (s *flowChunks) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, err
 func (s *flowChunks) attachVoice(st *chunkKV, v *Voice, emb []float32, grant *flowGrant) error {
 	V := s.m.voiceFrames(len(v.SpeechTokens) * s.m.Flow.FramesPerToken)
 	ent, err := s.cache.acquire(voiceKey(v), func() (*chunkKV, int64, error) {
-		kv := &chunkKV{xs: make([][]float32, s.m.Flow.Steps)}
+		kv := &chunkKV{}
 		// The voice alone: its tokens, no request after them; frames [0, V) read none of the
 		// frames after V (the mask) and no token after the prompt (V stops short of its look-ahead).
 		row := &chunkRow{st: kv, end: V, keep: V, tokens: v.SpeechTokens, cond: v.Mel, emb: emb}
@@ -194,7 +280,7 @@ func (s *flowChunks) attachVoice(st *chunkKV, v *Voice, emb []float32, grant *fl
 		return err
 	}
 	st.base = ent
-	st.xs = cloneAll(ent.kv.xs)
+	st.ctx = ent.kv.ctx
 	return nil
 }
 
@@ -244,27 +330,51 @@ func (s *flowChunks) encode(rows []*chunkRow) error {
 
 // compute runs rows through every Euler step in one batch, keeps each row's keep new frames and
 // returns its mel, channel-major. Its device memory comes out of grant (flowMemory): the kept
-// frames, and the padded past and present, given back at the end.
+// frames and context samples, and the run's padded past and present, inputs and working memory,
+// given back at the end.
+//
+// Each step's x window (conv_context_frames of context, then the new frames) is laid out on the
+// device: the row's kept context samples for that step, then the previous step's x_next (the
+// noise at the first). Those copies, the step's past and what it keeps are queued on the
+// session's stream with the run itself, so nothing waits between steps; the host reads x_next
+// once, after the last.
 func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flowGrant) ([][]float32, error) {
 	f := s.m.Flow
 	M, C, R, K := f.MelBins, f.ConvContextFrames, f.FramesPerToken, f.Steps
+	var io chunkIO
+	defer func() { s.last = io }()
 	if err := s.encode(rows); err != nil {
 		return nil, err
 	}
+	io.transfers += 3 // tokens and mask in, mu out
+	io.syncs++
 	B, N, P := len(rows), 0, 1
 	for _, r := range rows {
 		N = max(N, r.end-r.st.done())
 		P = max(P, r.st.done())
 	}
 	W := C + N
-	mask, mu, cond := make([]float32, B*W), make([]float32, B*M*W), make([]float32, B*M*W)
-	start, emb := make([]int64, B), make([]float32, B*f.EmbeddingDim)
-	x := make([][]float32, B) // each row's new frames' sample, channel-major [mel][n]
+	inParts, workParts := s.m.chunkIn(B, N), s.m.chunkWork(B, N)
+	inOff, inBytes := chunkLayout(inParts)
+	workOff, workBytes := chunkLayout(workParts)
+	host := make([]float32, inBytes/4)
+	part := func(i int) []float32 {
+		n := int64(1)
+		for _, d := range inParts[i].shape {
+			n *= d
+		}
+		return host[inOff[i]/4 : inOff[i]/4+n]
+	}
+	mask, mu, cond, emb, x0 := part(inMask), part(inMu), part(inCond), part(inEmbedding), part(inX0)
+	start := make([]int64, B)
 	noise := s.m.noise
 	T := len(noise) / M
 	for b, r := range rows {
 		from := r.st.done()
 		n, have := r.end-from, min(from, C)
+		if have > 0 && r.st.ctx == nil {
+			return nil, fmt.Errorf("chunk flow: a stream keeps %d frames but not their samples", from)
+		}
 		start[b] = int64(from)
 		copy(emb[b*f.EmbeddingDim:], r.emb)
 		pf := len(r.cond) / M
@@ -279,188 +389,252 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 				}
 			}
 		}
-		x[b] = make([]float32, M*n)
 		for i := range n {
 			row := noise[((from+i)%T)*M:]
 			for ch := range M {
-				x[b][ch*n+i] = row[ch]
+				x0[(b*M+ch)*N+i] = row[ch]
 			}
 		}
 	}
-	fb := s.frameBytes()
+	ts, dts := flowSchedule(s.m)
+	tAll, dtAll := part(inTAll), part(inDTAll)
+	for k := range K {
+		for b := range B {
+			tAll[k*B+b] = ts[k]
+		}
+		dtAll[k] = dts[k]
+	}
+	part(inCFG)[0] = f.CFGStrength
+
+	fb, cb := s.frameBytes(), s.m.chunkCtxBytes()
 	kvShape := func(frames int) []int64 {
 		return []int64{int64(B), int64(frames), int64(f.KVLayers), 4, int64(f.KVWidth)}
 	}
-	// Each row's kept frames, allocated exactly; they join the row's state once every step ran.
-	segs := make([]*iobind.Tensor, B)
-	var segBytes int64
+	// Each row's kept frames and context samples, allocated exactly; they join the row's state
+	// once every step ran.
+	segs, ctxs := make([]*iobind.Tensor, B), make([]*iobind.Tensor, B)
+	var keptBytes int64
 	defer func() {
 		// Not handed over: a failed or stopped batch.
-		for _, t := range segs {
-			t.Release()
+		for b := range segs {
+			segs[b].Release()
+			ctxs[b].Release()
 		}
-		s.mem.free(segBytes)
+		s.mem.free(keptBytes)
 	}()
 	for b, r := range rows {
 		if r.keep == 0 {
 			continue
 		}
-		n := int64(K*r.keep) * fb
+		n := int64(K*r.keep)*fb + cb
 		if err := grant.take(s.mem, n); err != nil {
 			return nil, err
 		}
-		segBytes += n
-		t, err := s.step.AllocEmpty([]int64{int64(K), int64(r.keep), int64(f.KVLayers), 4, int64(f.KVWidth)}, s.elem)
-		if err != nil {
+		keptBytes += n
+		var err error
+		if segs[b], err = s.step.AllocEmpty([]int64{int64(K), int64(r.keep), int64(f.KVLayers), 4, int64(f.KVWidth)}, s.elem); err != nil {
 			return nil, fmt.Errorf("flow chunk step, keeping %d frames: %w", r.keep, err)
 		}
-		segs[b] = t
+		if ctxs[b], err = s.step.AllocEmpty([]int64{int64(K), int64(M), int64(C)}, iobind.Float32); err != nil {
+			return nil, fmt.Errorf("flow chunk step, keeping %d frames' samples: %w", r.keep, err)
+		}
 	}
-	scratch := int64(B*(P+N)) * fb
+	scratch := s.m.chunkRunBytes(B, P, N)
 	if err := grant.take(s.mem, scratch); err != nil {
 		return nil, err
 	}
 	defer s.mem.free(scratch)
-	past, err := s.step.Alloc(kvShape(P), s.elem)
-	if err != nil {
-		return nil, fmt.Errorf("flow chunk step: %w", err)
-	}
-	defer past.Release()
-	present, err := s.step.Alloc(kvShape(N), s.elem)
-	if err != nil {
-		return nil, fmt.Errorf("flow chunk step: %w", err)
-	}
-	defer present.Release()
-	host := map[string]*iobind.Tensor{}
+
+	// The run's own tensors, released once the session's stream has run everything queued.
+	var own []*iobind.Tensor
+	queued := false
 	defer func() {
-		for _, t := range host {
-			t.Release()
+		if queued {
+			_ = s.step.Wait()
+		}
+		for i := len(own) - 1; i >= 0; i-- {
+			own[i].Release()
 		}
 	}()
-	put := func(name string, shape []int64, d any) error {
-		if t := host[name]; t != nil {
-			t.Release()
-		}
-		t, err := iobind.Host(shape, d)
+	alloc := func(shape []int64, e iobind.Elem) (*iobind.Tensor, error) {
+		t, err := s.step.AllocEmpty(shape, e)
 		if err != nil {
-			return fmt.Errorf("flow chunk step, %s: %w", name, err)
+			return nil, fmt.Errorf("flow chunk step: %w", err)
 		}
-		host[s.m.Tensor(name)] = t
-		return nil
+		own = append(own, t)
+		return t, nil
 	}
-	b64, m64, w64 := int64(B), int64(M), int64(W)
-	for _, in := range []struct {
-		name  string
-		shape []int64
-		d     any
-	}{
-		{"mask", []int64{b64, 1, w64}, mask}, {"mu", []int64{b64, m64, w64}, mu}, {"cond", []int64{b64, m64, w64}, cond},
-		{"start", []int64{b64}, start}, {"cfg", []int64{1}, []float32{f.CFGStrength}},
-		{"embedding", []int64{b64, int64(f.EmbeddingDim)}, emb},
-	} {
-		if err := put(in.name, in.shape, in.d); err != nil {
+	view := func(t *iobind.Tensor, off int64, p chunkPart) (*iobind.Tensor, error) {
+		v, err := s.step.View(t, off, p.shape)
+		if err != nil {
+			return nil, fmt.Errorf("flow chunk step, %s: %w", p.name, err)
+		}
+		own = append(own, v)
+		return v, nil
+	}
+	past, err := alloc(kvShape(P), s.elem)
+	if err != nil {
+		return nil, err
+	}
+	present, err := alloc(kvShape(N), s.elem)
+	if err != nil {
+		return nil, err
+	}
+	in, err := alloc([]int64{inBytes / 4}, iobind.Float32)
+	if err != nil {
+		return nil, err
+	}
+	work, err := alloc([]int64{workBytes / 4}, iobind.Float32)
+	if err != nil {
+		return nil, err
+	}
+	startT, err := alloc([]int64{int64(B)}, iobind.Int64)
+	if err != nil {
+		return nil, err
+	}
+	if err := iobind.Upload(in, host); err != nil {
+		return nil, fmt.Errorf("flow chunk step, inputs: %w", err)
+	}
+	if err := iobind.Upload(startT, start); err != nil {
+		return nil, fmt.Errorf("flow chunk step, start: %w", err)
+	}
+	io.transfers += 2
+	io.syncs += 2
+	// Padding must read as zeros: a row's past beyond its own, context before frame 0, new
+	// frames past a row's own.
+	queued = true
+	for _, t := range []*iobind.Tensor{past, work} {
+		if err := s.step.ZeroOn(t); err != nil {
+			return nil, fmt.Errorf("flow chunk step: %w", err)
+		}
+	}
+	inputs := map[string]*iobind.Tensor{s.m.Tensor("past_kv"): past, s.m.Tensor("start"): startT}
+	for _, i := range []int{inMask, inMu, inCond, inEmbedding, inCFG} {
+		v, err := view(in, inOff[i], inParts[i])
+		if err != nil {
 			return nil, err
 		}
+		inputs[s.m.Tensor(inParts[i].name)] = v
 	}
-	ts, dts := flowSchedule(s.m)
-	newX := make([][][]float32, B) // per row, per step: the new frames kept, frame-major
-	for b := range rows {
-		newX[b] = make([][]float32, K)
+	var xNext *iobind.Tensor
+	for _, i := range []int{workX, workXNext, workT, workDT} {
+		v, err := view(work, workOff[i], workParts[i])
+		if err != nil {
+			return nil, err
+		}
+		if i == workXNext {
+			xNext = v
+		} else {
+			inputs[s.m.Tensor(workParts[i].name)] = v
+		}
 	}
+	run, err := s.step.BindQueued(inputs, []iobind.Output{{Name: s.m.Tensor("x_next"), Into: xNext}, {Name: s.m.Tensor("present_kv"), Into: present}})
+	if err != nil {
+		return nil, fmt.Errorf("flow chunk step: %w", err)
+	}
+	defer run.Close()
+
+	const f4 = 4
+	b4, w4, n4, c4 := int64(B)*f4, int64(W)*f4, int64(N)*f4, int64(C)*f4
+	var copies []iobind.Copy
 	for k := range K {
 		select {
 		case <-stop:
 			return nil, engine.ErrClosed
 		default:
 		}
-		xw := make([]float32, B*M*W)
-		var copies []iobind.Copy
+		k64 := int64(k)
+		copies = append(copies[:0],
+			iobind.Copy{Dst: work, DstOff: workOff[workT], DstPitch: b4, Src: in, SrcOff: inOff[inTAll] + k64*b4, SrcPitch: b4, Width: b4, Height: 1},
+			iobind.Copy{Dst: work, DstOff: workOff[workDT], DstPitch: f4, Src: in, SrcOff: inOff[inDTAll] + k64*f4, SrcPitch: f4, Width: f4, Height: 1})
 		for b, r := range rows {
 			from := r.st.done()
 			n, have := r.end-from, min(from, C)
-			xs := r.st.xs[k]
-			for i := C - have; i < C; i++ {
-				fr := len(xs)/M - (C - i)
-				for ch := range M {
-					xw[(b*M+ch)*W+i] = xs[fr*M+ch]
-				}
+			rowX := workOff[workX] + int64(b*M*W)*f4
+			// The window: the kept frames' samples as they entered this step, then the new
+			// frames' (the noise at the first step, the previous step's x_next after).
+			if have > 0 {
+				copies = append(copies, iobind.Copy{Dst: work, DstOff: rowX + int64(C-have)*f4, DstPitch: w4,
+					Src: r.st.ctx, SrcOff: (k64*int64(M*C) + int64(C-have)) * f4, SrcPitch: c4, Width: int64(have) * f4, Height: int64(M)})
 			}
-			for ch := range M {
-				copy(xw[(b*M+ch)*W+C:], x[b][ch*n:(ch+1)*n])
+			src, srcOff := work, workOff[workXNext]
+			if k == 0 {
+				src, srcOff = in, inOff[inX0]
 			}
+			copies = append(copies, iobind.Copy{Dst: work, DstOff: rowX + int64(C)*f4, DstPitch: w4,
+				Src: src, SrcOff: srcOff + int64(b*M)*n4, SrcPitch: n4, Width: int64(n) * f4, Height: int64(M)})
 			if r.keep > 0 {
-				newX[b][k] = frameMajor(x[b], M, n)[:r.keep*M]
+				// The row's context from now on: the last C of its frames as they entered.
+				c := min(have+r.keep, C)
+				copies = append(copies, iobind.Copy{Dst: ctxs[b], DstOff: (k64*int64(M*C) + int64(C-c)) * f4, DstPitch: c4,
+					Src: work, SrcOff: rowX + int64(C+r.keep-c)*f4, SrcPitch: w4, Width: int64(c) * f4, Height: int64(M)})
 			}
 			// The row's past: the voice's kept frames, then its own.
 			off := int64(b*P) * fb
-			var own []kvSeg
+			var voice []kvSeg
 			if r.st.base != nil {
-				own = r.st.base.kv.segs
+				voice = r.st.base.kv.segs
 			}
-			for _, sg := range slices.Concat(own, r.st.segs) {
+			for _, sg := range slices.Concat(voice, r.st.segs) {
 				w := int64(sg.frames) * fb
-				copies = append(copies, iobind.Copy{Dst: past, DstOff: off, DstPitch: w, Src: sg.t, SrcOff: int64(k) * w, SrcPitch: w, Width: w, Height: 1})
+				copies = append(copies, iobind.Copy{Dst: past, DstOff: off, DstPitch: w, Src: sg.t, SrcOff: k64 * w, SrcPitch: w, Width: w, Height: 1})
 				off += w
 			}
 		}
-		if err := iobind.Copies(copies); err != nil {
-			return nil, fmt.Errorf("flow chunk step, past: %w", err)
+		if err := s.step.CopiesOn(copies); err != nil {
+			return nil, fmt.Errorf("flow chunk step, inputs of step %d: %w", k, err)
 		}
-		for _, in := range []struct {
-			name  string
-			shape []int64
-			d     any
-		}{{"x", []int64{b64, m64, w64}, xw}, {"t", []int64{b64}, fill(B, ts[k])}, {"dt", []int64{1}, []float32{dts[k]}}} {
-			if err := put(in.name, in.shape, in.d); err != nil {
-				return nil, err
-			}
-		}
-		in := map[string]*iobind.Tensor{s.m.Tensor("past_kv"): past}
-		for name, t := range host {
-			in[name] = t
-		}
-		out, err := s.step.Run(in, []iobind.Output{{Name: s.m.Tensor("x_next"), Host: true}, {Name: s.m.Tensor("present_kv"), Into: present}})
-		if err != nil {
+		if err := run.Run(); err != nil {
 			return nil, fmt.Errorf("flow chunk step: %w", err)
-		}
-		next, err := out[0].Float32s()
-		release(out)
-		if err != nil {
-			return nil, err
 		}
 		copies = copies[:0]
 		for b, r := range rows {
-			n := r.end - r.st.done()
-			for ch := range M {
-				copy(x[b][ch*n:(ch+1)*n], next[(b*M+ch)*N:(b*M+ch)*N+n])
-			}
 			if r.keep > 0 {
 				w := int64(r.keep) * fb
-				copies = append(copies, iobind.Copy{Dst: segs[b], DstOff: int64(k) * w, DstPitch: w, Src: present, SrcOff: int64(b*N) * fb, SrcPitch: w, Width: w, Height: 1})
+				copies = append(copies, iobind.Copy{Dst: segs[b], DstOff: k64 * w, DstPitch: w, Src: present, SrcOff: int64(b*N) * fb, SrcPitch: w, Width: w, Height: 1})
 			}
 		}
-		if err := iobind.Copies(copies); err != nil {
+		if err := s.step.CopiesOn(copies); err != nil {
 			return nil, fmt.Errorf("flow chunk step, keeping: %w", err)
+		}
+	}
+	if err := s.step.Wait(); err != nil {
+		return nil, fmt.Errorf("flow chunk step: %w", err)
+	}
+	queued = false
+	io.syncs++
+	next := make([]float32, B*M*N)
+	if err := iobind.Download(next, xNext); err != nil {
+		return nil, fmt.Errorf("flow chunk step, x_next: %w", err)
+	}
+	io.transfers++
+	io.syncs++
+	x := make([][]float32, B)
+	for b, r := range rows {
+		n := r.end - r.st.done()
+		x[b] = make([]float32, M*n)
+		for ch := range M {
+			copy(x[b][ch*n:(ch+1)*n], next[(b*M+ch)*N:(b*M+ch)*N+n])
 		}
 	}
 	for b, r := range rows {
 		if r.keep == 0 {
 			continue
 		}
-		for k := range K {
-			xs := append(r.st.xs[k], newX[b][k]...)
-			if len(xs) > C*M {
-				xs = append([]float32(nil), xs[len(xs)-C*M:]...)
-			}
-			r.st.xs[k] = xs
+		st := r.st
+		if st.ownCtx {
+			st.ctx.Release()
+			st.bytes -= cb
+			s.mem.free(cb)
 		}
-		n := int64(K*r.keep) * fb
-		r.st.segs = append(r.st.segs, kvSeg{t: segs[b], frames: r.keep})
-		r.st.n += r.keep
-		r.st.bytes += n
-		r.st.mem = s.mem
-		segs[b] = nil
-		segBytes -= n
+		st.ctx, st.ownCtx = ctxs[b], true
+		n := int64(K*r.keep)*fb + cb
+		st.segs = append(st.segs, kvSeg{t: segs[b], frames: r.keep})
+		st.n += r.keep
+		st.bytes += n
+		st.mem = s.mem
+		segs[b], ctxs[b] = nil, nil
+		keptBytes -= n
 	}
 	return x, nil
 }

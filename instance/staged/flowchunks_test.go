@@ -270,3 +270,47 @@ func tinyPeak(t *testing.T, e *Engine, text string) int64 {
 	}
 	return e.Report().FlowMemory.Peak
 }
+
+// A flow run's copies between host and device memory and its waits for the device do not grow
+// with its Euler steps: each step's x window is laid out from device memory, and the steps are
+// queued without waiting in between.
+func TestChunkFlowRunIODoesNotGrowWithSteps(t *testing.T) {
+	e, _ := tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
+	fc := e.p.flows[0].(*flowChunks)
+	f := fc.m.Flow
+	F, R := f.ChunkFrames, f.FramesPerToken
+	toks := make([]int64, 2*F/R+8)
+	for i := range toks {
+		toks[i] = int64(1 + i%40)
+	}
+	emb := make([]float32, f.EmbeddingDim)
+	// Two chunks of one stream: the second reads the first's keys, values and context samples.
+	runs := func(steps int) []chunkIO {
+		m := *fc.m
+		m.Flow.Steps = steps
+		c := *fc
+		c.m = &m
+		st := &chunkKV{}
+		defer st.close()
+		var got []chunkIO
+		for _, end := range []int{F, 2 * F} {
+			from := m.chunkTokFrom(st.done())
+			row := &chunkRow{st: st, end: end, keep: end - st.done(), tokens: toks[from:], tokFrom: from, emb: emb}
+			if _, err := c.compute([]*chunkRow{row}, nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, c.last)
+		}
+		return got
+	}
+	few, many := runs(2), runs(f.Steps)
+	t.Logf("per run, 2 steps: %+v; %d steps: %+v", few, f.Steps, many)
+	if !slices.Equal(few, many) {
+		t.Errorf("host-device copies and waits per run: %+v at 2 Euler steps, %+v at %d", few, many, f.Steps)
+	}
+	for _, io := range many {
+		if io.syncs >= f.Steps || io.transfers >= f.Steps {
+			t.Errorf("%+v in a run of %d steps", io, f.Steps)
+		}
+	}
+}

@@ -341,14 +341,40 @@ char* vx_copy_on(void* stream, void* dst, const void* src, size_t bytes) {
 	return e;
 }
 
+char* vx_copy2d_on(int device, void* stream, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height) {
+	if (width == 0 || height == 0) return NULL;
+	int mode = 2; // relaxed: another thread may be capturing a CUDA graph
+	char* e = cuda_check(cu_capture_mode(&mode), "cudaThreadExchangeStreamCaptureMode");
+	if (e) return e;
+	e = cuda_check(cu_set_device(device), "cudaSetDevice");
+	if (!e) e = cuda_check(cu_memcpy2d(dst, dpitch, src, spitch, width, height, 4 /* cudaMemcpyDefault */, stream), "cudaMemcpy2DAsync");
+	cu_capture_mode(&mode);
+	return e;
+}
+
+char* vx_zero_on(int device, void* stream, void* dst, size_t bytes) {
+	if (bytes == 0) return NULL;
+	int mode = 2;
+	char* e = cuda_check(cu_capture_mode(&mode), "cudaThreadExchangeStreamCaptureMode");
+	if (e) return e;
+	e = cuda_check(cu_set_device(device), "cudaSetDevice");
+	if (!e) e = cuda_check(cu_memset(dst, 0, bytes, stream), "cudaMemsetAsync");
+	cu_capture_mode(&mode);
+	return e;
+}
+
 char* vx_wait(void* stream) {
 	return cuda_check(cu_stream_sync(stream), "cudaStreamSynchronize");
 }
 
-char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro) {
+char* vx_binding(OrtSession* s, const char* graph_id, int queue_only, OrtIoBinding** out_binding, OrtRunOptions** out_ro) {
 	char* e = status(api->CreateIoBinding(s, out_binding), "CreateIoBinding");
 	if (!e) e = status(api->CreateRunOptions(out_ro), "CreateRunOptions");
 	if (!e) e = status(api->AddRunConfigEntry(*out_ro, "gpu_graph_id", graph_id), "run option gpu_graph_id");
+	// Without it a run ends in the CUDA provider's OnRunEnd, which waits for the session's stream.
+	if (!e && queue_only)
+		e = status(api->AddRunConfigEntry(*out_ro, "disable_synchronize_execution_providers", "1"),
+		           "run option disable_synchronize_execution_providers");
 	return e;
 }
 

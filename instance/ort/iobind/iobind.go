@@ -405,14 +405,11 @@ type Copy struct {
 func Copies(cs []Copy) error {
 	var devices []int
 	for _, c := range cs {
-		if c.Dst.Device != c.Src.Device {
-			return errors.New("copy between device and host memory is not supported here")
+		if err := checkCopy(c); err != nil {
+			return err
 		}
 		if c.Width == 0 || c.Height == 0 {
 			continue
-		}
-		if c.DstOff+c.DstPitch*(c.Height-1)+c.Width > c.Dst.Bytes() || c.SrcOff+c.SrcPitch*(c.Height-1)+c.Width > c.Src.Bytes() {
-			return fmt.Errorf("copy out of bounds (dst %d bytes, src %d bytes)", c.Dst.Bytes(), c.Src.Bytes())
 		}
 		cuda := C.int(0)
 		if c.Dst.Device {
@@ -431,6 +428,20 @@ func Copies(cs []Copy) error {
 		if err := cerr(C.vx_sync(C.int(d))); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkCopy refuses a copy across memories or outside its tensors.
+func checkCopy(c Copy) error {
+	if c.Dst.Device != c.Src.Device {
+		return errors.New("copy between device and host memory is not supported here")
+	}
+	if c.Width == 0 || c.Height == 0 {
+		return nil
+	}
+	if c.DstOff < 0 || c.SrcOff < 0 || c.DstOff+c.DstPitch*(c.Height-1)+c.Width > c.Dst.Bytes() || c.SrcOff+c.SrcPitch*(c.Height-1)+c.Width > c.Src.Bytes() {
+		return fmt.Errorf("copy out of bounds (dst %d bytes, src %d bytes)", c.Dst.Bytes(), c.Src.Bytes())
 	}
 	return nil
 }

@@ -44,10 +44,14 @@ void vx_pinned_free(void* p);
 // vx_wait waits for everything queued on the stream.
 char* vx_copy_on(void* stream, void* dst, const void* src, size_t bytes);
 char* vx_wait(void* stream);
+// Queue a 2D copy (vx_copy2d's) or a clear on stream, a stream of device, without waiting.
+char* vx_copy2d_on(int device, void* stream, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height);
+char* vx_zero_on(int device, void* stream, void* dst, size_t bytes);
 // A binding of its own for runs that bind the same values every time (a CUDA graph's replays),
 // with run options naming graph_id (as vx_run's); vx_run_bound runs it and does not wait for the
-// session's stream.
-char* vx_binding(OrtSession* s, const char* graph_id, OrtIoBinding** out_binding, OrtRunOptions** out_ro);
+// session's stream itself. With queue_only the CUDA provider does not wait for it either: the run
+// only queues its kernels on the stream.
+char* vx_binding(OrtSession* s, const char* graph_id, int queue_only, OrtIoBinding** out_binding, OrtRunOptions** out_ro);
 void vx_binding_free(OrtIoBinding* b, OrtRunOptions* ro);
 char* vx_run_bound(OrtSession* s, OrtIoBinding* b, OrtRunOptions* ro);
 #endif

@@ -81,6 +81,39 @@ func (s *Session) copyOn(t *Tensor, dst, src unsafe.Pointer, h *Pinned) error {
 	return cerr(C.vx_copy_on(s.stream, dst, src, C.size_t(h.bytes)))
 }
 
+// CopiesOn queues the copies (device to device, or host to host with the CPU provider) on s's
+// stream, after the runs and copies queued there before it, and does not wait for them (Wait
+// does). With the CPU provider they copy at once.
+func (s *Session) CopiesOn(cs []Copy) error {
+	for _, c := range cs {
+		if err := checkCopy(c); err != nil {
+			return err
+		}
+		if c.Width == 0 || c.Height == 0 {
+			continue
+		}
+		dst, src := unsafe.Add(c.Dst.data, c.DstOff), unsafe.Add(c.Src.data, c.SrcOff)
+		var err error
+		if c.Dst.Device {
+			err = cerr(C.vx_copy2d_on(C.int(s.place.Device), s.stream, dst, C.size_t(c.DstPitch), src, C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height)))
+		} else {
+			err = cerr(C.vx_copy2d(0, 0, dst, C.size_t(c.DstPitch), src, C.size_t(c.SrcPitch), C.size_t(c.Width), C.size_t(c.Height)))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ZeroOn queues clearing t on s's stream (see CopiesOn).
+func (s *Session) ZeroOn(t *Tensor) error {
+	if !t.Device {
+		return Zero(t)
+	}
+	return cerr(C.vx_zero_on(C.int(s.place.Device), s.stream, t.data, C.size_t(t.Bytes())))
+}
+
 // Wait waits for every copy and run queued on s's stream.
 func (s *Session) Wait() error {
 	if s.stream == nil {
@@ -102,6 +135,18 @@ type Bound struct {
 // Bind binds inputs (by name) and outputs, each of which must be written into a tensor of its
 // own (Output.Into), for runs as CUDA graph id (NoGraph for none; see RunGraph).
 func (s *Session) Bind(inputs map[string]*Tensor, outputs []Output, id int) (*Bound, error) {
+	return s.bind(inputs, outputs, id, false)
+}
+
+// BindQueued is Bind (NoGraph) for runs that only queue their kernels on the session's stream:
+// Run returns without waiting for the GPU, and work queued on the stream afterwards (CopiesOn,
+// Receive) runs after it. The caller waits (Wait) before reading an output on the host or
+// releasing a tensor the queued work uses. With the CPU provider a run computes before it returns.
+func (s *Session) BindQueued(inputs map[string]*Tensor, outputs []Output) (*Bound, error) {
+	return s.bind(inputs, outputs, NoGraph, true)
+}
+
+func (s *Session) bind(inputs map[string]*Tensor, outputs []Output, id int, queued bool) (*Bound, error) {
 	for _, o := range outputs {
 		if o.Into == nil {
 			return nil, fmt.Errorf("bound output %s has no tensor to be written into", o.Name)
@@ -110,7 +155,11 @@ func (s *Session) Bind(inputs map[string]*Tensor, outputs []Output, id int) (*Bo
 	g := C.CString(fmt.Sprint(id))
 	defer C.free(unsafe.Pointer(g))
 	b := &Bound{s: s}
-	err := cerr(C.vx_binding(s.s, g, &b.b, &b.ro))
+	q := C.int(0)
+	if queued {
+		q = 1
+	}
+	err := cerr(C.vx_binding(s.s, g, q, &b.b, &b.ro))
 	if err == nil {
 		err = s.bindAll(b.b, inputs, outputs)
 	}
