@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|bench|cv3bench|clonebench|voxbench|voxgroups|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|gputests|piperfirst|bench|cv3bench|clonebench|voxbench|voxgroups|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -79,6 +79,86 @@ gpus() {
   "$bin" gpus --json > "$logs/gpus.json"; echo "(json: $(wc -c < "$logs/gpus.json") bytes)"
 }
 
+# The engines' GPU tests from prebuilt test binaries (TESTBIN, default testbin/: staged.test,
+# piper.test, voxcpm.test, each `go test -c -tags noffmpeg` where Go is), run from their packages'
+# folders, with the tests' verdicts one a line and their logs in $LOGS/gputests-<pkg>.log.
+# GPU_MANIFEST is the staged export (default models/tiny-cosyvoice3, float32, with flow.chunk_step:
+# TestChunkFlowOnGPU; the other staged tests need an export with flow.step and lm.cache: shared,
+# BIG's), VOX the VoxCPM export (voxcpm.test runs only where $VOX/pipeline.yaml exists).
+# PROVIDER=cpu runs the tests' own logic on the CPU (no GPU needed).
+gputests() {
+  local tb=${TESTBIN:-$repo/testbin} provider=${PROVIDER:-cuda} rc=0 pkg
+  local manifest=${GPU_MANIFEST:-$repo/models/tiny-cosyvoice3/pipeline.yaml}
+  for pkg in staged piper voxcpm; do
+    [ -x "$tb/$pkg.test" ] || { echo "== $pkg: no $tb/$pkg.test, skipped"; continue; }
+    local env=(ORT_LIB="$ort/libonnxruntime.so" VOXMUX_GPU_PROVIDER="$provider")
+    local run=OnGPU
+    case $pkg in
+      staged)
+        env+=(VOXMUX_GPU_MANIFEST="$manifest")
+        [ -n "${GPU_MANIFEST:-}" ] || run=TestChunkFlowOnGPU ;; # the tiny export has no step graphs' LM cache
+      piper) env+=(VOXMUX_GPU_PIPER=1) ;;
+      voxcpm)
+        [ -f "${VOX:-/tmp/vox}/pipeline.yaml" ] || { echo "== voxcpm: no ${VOX:-/tmp/vox}/pipeline.yaml, skipped"; continue; }
+        env+=(VOXMUX_GPU_VOXCPM="${VOX:-/tmp/vox}/pipeline.yaml"); run=TestGPU ;;
+    esac
+    echo "== $pkg ($provider)"
+    (cd "$repo/instance/$pkg" && env "${env[@]}" "$tb/$pkg.test" -test.run "${GPU_RUN:-$run}" -test.v -test.count=1) \
+      > "$logs/gputests-$pkg.log" 2>&1 || rc=1
+    grep -E '^(--- |ok|FAIL|PASS)' "$logs/gputests-$pkg.log" | grep -v '^PASS$'
+    grep -E 'relative rms|within|per run|on the CPU provider|copy nodes|against the CPU' "$logs/gputests-$pkg.log" | grep -v '  on the CPU provider: ' | sed 's/^ */   /'
+  done
+  [ $rc = 0 ] && echo "gputests: PASS" || echo "gputests: FAIL (logs in $logs/gputests-*.log)"
+  return $rc
+}
+
+# Piper's first audio: the voice JENNY (default models/voices/en_GB-jenny_dioco-medium.onnx) on
+# GPU 0, decoded in chunks (the default) and with piper_decode: sentences, side by side: N (24)
+# requests one at a time (TTFB P50/P95), then a sweep at LEVELS (1,16,64,256) for throughput.
+# Reports go to $LOGS/piperfirst/{ttfb,sweep}/bench.md. Targets: first audio P50 ≤ 40 ms at one
+# stream, ≥ 1000× real time at 256 streams. PROVIDER=cpu serves on the CPU instead (a check of this
+# step, not a measurement).
+piperfirst() (
+  provider=${PROVIDER:-cuda} out=$logs/piperfirst
+  voice=${JENNY:-$repo/models/voices/en_GB-jenny_dioco-medium.onnx}
+  name=$(basename "$voice" .onnx)
+  rm -rf "$out" && mkdir -p "$out/voices" || exit 1
+  cp "$voice" "$voice.json" "$out/voices/" || exit 1
+  printf 'kind: piper\nname: %s\nvoices: [%s.onnx]\n' "$name" "$name" > "$out/voices/voices.yaml"
+  gpus="[0]" device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  [ "$provider" = cpu ] && gpus="[]" device="the CPU ($(nproc) cores)"
+  cfg() { # port engine
+    cat <<YAML
+listen: 127.0.0.1:$1
+model: $out/voices/voices.yaml
+provider: $provider
+onnxruntime: $ort/libonnxruntime.so
+max_input_chars: 4096
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+groups:
+  - {name: g0, gpus: $gpus, instances: 1, max_inflight: 256, engine: $2}
+YAML
+  }
+  cfg 8092 "{}" > "$out/chunked.yaml"
+  cfg 8093 "{piper_decode: sentences}" > "$out/sentences.yaml"
+  pids=()
+  trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null' EXIT
+  "$bin" serve --config "$out/chunked.yaml" > "$out/serve-chunked.log" 2>&1 & pids+=($!)
+  "$bin" serve --config "$out/sentences.yaml" > "$out/serve-sentences.log" 2>&1 & pids+=($!)
+  wait_ready http://127.0.0.1:8092 300 "${pids[0]}" || { echo "chunked: not ready"; tail -20 "$out/serve-chunked.log"; exit 1; }
+  wait_ready http://127.0.0.1:8093 300 "${pids[1]}" || { echo "sentences: not ready"; tail -20 "$out/serve-sentences.log"; exit 1; }
+  label="$name on $device, provider $provider, voxmux $("$bin" version | cut -d' ' -f2)"
+  "$bin" bench --url http://127.0.0.1:8092 --name chunked --compare http://127.0.0.1:8093 --compare-name sentences \
+    --concurrency 1 --compare-concurrency 1 --requests-per-level "${N:-24}" --warmup 4 --format wav --quiet \
+    --label "$label: first audio, one request at a time" --out "$out/ttfb" || exit 1
+  "$bin" bench --url http://127.0.0.1:8092 --name chunked --compare http://127.0.0.1:8093 --compare-name sentences \
+    --concurrency "${LEVELS:-1,16,64,256}" --compare-concurrency "${LEVELS:-1,16,64,256}" --duration-per-level "${DUR:-10s}" \
+    --warmup 4 --format wav --quiet --label "$label: throughput" --out "$out/sweep" || exit 1
+  echo "reports: $out/ttfb/bench.md, $out/sweep/bench.md (targets: chunked P50 first audio ≤ 40 ms at 1 stream, ≥ 1000× at 256)"
+  cat "$out/ttfb/bench.md"
+)
+
 # The CosyVoice3-shaped model (scripts/staged/shaped_export.py wrote it to $BIG) on one GPU,
 # swept by voxmux bench against the eager PyTorch baseline on the same GPU.
 bigcfg() { # name listen groups...
@@ -151,7 +231,18 @@ PY
     --request-length "$length" --voice-prompt "$prompt" \
     --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), CosyVoice3-0.5B fp16, voice $voice, voxmux $("$bin" version | cut -d' ' -f2)" \
     --out "${BENCH_OUT:-$logs/cv3bench}"
+  engine_metrics http://127.0.0.1:8084 "${BENCH_OUT:-$logs/cv3bench}/engine-metrics.txt"
   kill -TERM $vpid $bpid; wait $vpid $bpid
+}
+
+# engine_metrics URL FILE: the router's prompt cache and flow key-value memory lines of /metrics
+# (voxmux_engine_prompt_cache_*, voxmux_engine_flow_kv_*), written to FILE and printed.
+engine_metrics() {
+  # The router refreshes the engines' counters every 2 s: wait for the sweep's last.
+  sleep 2.5
+  curl -sf "$1/metrics" | grep -E '^voxmux_engine_(prompt_cache|flow_kv)_' > "$2" || echo "no engine metrics at $1/metrics" > "$2"
+  echo "== engine metrics after the sweep ($2)"
+  cat "$2"
 }
 
 # Voice cloning on CosyVoice3 (the export in $CV3, with its voice $VOICE): N library voices made

@@ -277,6 +277,24 @@ func tinyPeak(t *testing.T, e *Engine, text string) int64 {
 func TestChunkFlowRunIODoesNotGrowWithSteps(t *testing.T) {
 	e, _ := tinyChunkEngine(t, 1<<30, ChunkEmitEarly)
 	fc := e.p.flows[0].(*flowChunks)
+	steps := fc.m.Flow.Steps
+	few, many := chunkRunIO(t, fc, 2), chunkRunIO(t, fc, steps)
+	t.Logf("per run, 2 steps: %+v; %d steps: %+v", few, steps, many)
+	if !slices.Equal(few, many) {
+		t.Errorf("host-device copies and waits per run: %+v at 2 Euler steps, %+v at %d", few, many, steps)
+	}
+	for _, io := range many {
+		if io.syncs >= steps || io.transfers >= steps {
+			t.Errorf("%+v in a run of %d steps", io, steps)
+		}
+	}
+}
+
+// chunkRunIO runs two chunks of one stream through fc at the given number of Euler steps (the
+// second reads the first's keys, values and context samples) and returns each run's copies
+// between host and device memory and waits.
+func chunkRunIO(t *testing.T, fc *flowChunks, steps int) []chunkIO {
+	t.Helper()
 	f := fc.m.Flow
 	F, R := f.ChunkFrames, f.FramesPerToken
 	toks := make([]int64, 2*F/R+8)
@@ -284,33 +302,20 @@ func TestChunkFlowRunIODoesNotGrowWithSteps(t *testing.T) {
 		toks[i] = int64(1 + i%40)
 	}
 	emb := make([]float32, f.EmbeddingDim)
-	// Two chunks of one stream: the second reads the first's keys, values and context samples.
-	runs := func(steps int) []chunkIO {
-		m := *fc.m
-		m.Flow.Steps = steps
-		c := *fc
-		c.m = &m
-		st := &chunkKV{}
-		defer st.close()
-		var got []chunkIO
-		for _, end := range []int{F, 2 * F} {
-			from := m.chunkTokFrom(st.done())
-			row := &chunkRow{st: st, end: end, keep: end - st.done(), tokens: toks[from:], tokFrom: from, emb: emb}
-			if _, err := c.compute([]*chunkRow{row}, nil, nil); err != nil {
-				t.Fatal(err)
-			}
-			got = append(got, c.last)
+	m := *fc.m
+	m.Flow.Steps = steps
+	c := *fc
+	c.m = &m
+	st := &chunkKV{}
+	defer st.close()
+	var got []chunkIO
+	for _, end := range []int{F, 2 * F} {
+		from := m.chunkTokFrom(st.done())
+		row := &chunkRow{st: st, end: end, keep: end - st.done(), tokens: toks[from:], tokFrom: from, emb: emb}
+		if _, err := c.compute([]*chunkRow{row}, nil, nil); err != nil {
+			t.Fatal(err)
 		}
-		return got
+		got = append(got, c.last)
 	}
-	few, many := runs(2), runs(f.Steps)
-	t.Logf("per run, 2 steps: %+v; %d steps: %+v", few, f.Steps, many)
-	if !slices.Equal(few, many) {
-		t.Errorf("host-device copies and waits per run: %+v at 2 Euler steps, %+v at %d", few, many, f.Steps)
-	}
-	for _, io := range many {
-		if io.syncs >= f.Steps || io.transfers >= f.Steps {
-			t.Errorf("%+v in a run of %d steps", io, f.Steps)
-		}
-	}
+	return got
 }
