@@ -1,8 +1,6 @@
 package piper
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
 
@@ -37,9 +35,13 @@ const piperSpeedInput = "voxmux_speed"
 // file is kept byte for byte.
 func piperWithSpeed(model []byte) ([]byte, error) {
 	return editGraph(model, func(graph []byte) ([]byte, error) {
-		ceil, err := vitsDurationRounding(graph)
-		if err != nil || ceil < 0 {
-			return nil, err
+		g, err := parseGraph(graph)
+		if err != nil {
+			return nil, fmt.Errorf("not an ONNX model: %w", err)
+		}
+		ceil := vitsDurationRounding(g.nodes)
+		if ceil < 0 {
+			return nil, nil
 		}
 		var out []byte
 		i := 0 // node index
@@ -75,35 +77,7 @@ func piperWithSpeed(model []byte) ([]byte, error) {
 
 // vitsDurationRounding finds VITS's w_ceil: the graph's one Ceil node whose output a CumSum
 // (generate_path) reads. It returns the node's index, or -1 when there is none or more than one.
-func vitsDurationRounding(graph []byte) (int, error) {
-	type node struct {
-		in  []string
-		out string
-		op  string
-	}
-	var nodes []node
-	err := ort.EachField(graph, func(num protowire.Number, v []byte) error {
-		if num != 1 {
-			return nil
-		}
-		var nd node
-		err := ort.EachField(v, func(n protowire.Number, f []byte) error {
-			switch n {
-			case 1:
-				nd.in = append(nd.in, string(f))
-			case 2:
-				nd.out = string(f)
-			case 4:
-				nd.op = string(f)
-			}
-			return nil
-		})
-		nodes = append(nodes, nd)
-		return err
-	})
-	if err != nil {
-		return -1, fmt.Errorf("not an ONNX model: %w", err)
-	}
+func vitsDurationRounding(nodes []onnxNode) int {
 	cumsum := map[string]bool{} // tensors a CumSum reads
 	for _, nd := range nodes {
 		if nd.op == "CumSum" && len(nd.in) > 0 {
@@ -112,14 +86,14 @@ func vitsDurationRounding(graph []byte) (int, error) {
 	}
 	found := -1
 	for i, nd := range nodes {
-		if nd.op == "Ceil" && cumsum[nd.out] {
+		if nd.op == "Ceil" && len(nd.out) == 1 && cumsum[nd.out[0]] {
 			if found >= 0 {
-				return -1, nil // ambiguous: leave the graph as it is
+				return -1 // ambiguous: leave the graph as it is
 			}
 			found = i
 		}
 	}
-	return found, nil
+	return found
 }
 
 // speedNodes compute the durations out from the rounded ones in, divided by piperSpeedInput
@@ -143,62 +117,6 @@ func speedNodes(in, out string) [][]byte {
 	}
 }
 
-// editGraph replaces the model's graph (ModelProto field 7) by what edit makes of it; nil from
-// edit leaves the model as it is and returns nil.
-func editGraph(model []byte, edit func(graph []byte) ([]byte, error)) ([]byte, error) {
-	var graph []byte
-	var at, end int
-	pos := 0
-	err := eachRawField(model, func(num protowire.Number, raw, v []byte) error {
-		if num == 7 && v != nil {
-			graph, at, end = v, pos, pos+len(raw)
-		}
-		pos += len(raw)
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("not an ONNX model: %w", err)
-	}
-	if graph == nil {
-		return nil, errors.New("not an ONNX model: no graph")
-	}
-	g, err := edit(graph)
-	if err != nil || g == nil {
-		return nil, err
-	}
-	out := make([]byte, 0, len(model)+len(g)-len(graph)+16)
-	out = append(out, model[:at]...)
-	out = appendMessage(out, 7, g)
-	return append(out, model[end:]...), nil
-}
-
-// eachRawField calls fn with every field of a message: its bytes as encoded (tag included) and,
-// for a length-delimited field, its value.
-func eachRawField(b []byte, fn func(num protowire.Number, raw, v []byte) error) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return protowire.ParseError(n)
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return protowire.ParseError(m)
-		}
-		var v []byte
-		if typ == protowire.BytesType {
-			v, _ = protowire.ConsumeBytes(b[n:])
-			if v == nil {
-				v = []byte{}
-			}
-		}
-		if err := fn(num, b[:n+m], v); err != nil {
-			return err
-		}
-		b = b[n+m:]
-	}
-	return nil
-}
-
 // renameOutput returns the NodeProto with its one output (field 2) named name, and the old name.
 func renameOutput(node []byte, name string) ([]byte, string, error) {
 	var out []byte
@@ -219,52 +137,6 @@ func renameOutput(node []byte, name string) ([]byte, string, error) {
 		err = fmt.Errorf("the duration rounding node has %d outputs, want 1", outs)
 	}
 	return out, old, err
-}
-
-func appendMessage(b []byte, num protowire.Number, msg []byte) []byte {
-	b = protowire.AppendTag(b, num, protowire.BytesType)
-	return protowire.AppendBytes(b, msg)
-}
-
-// nodeProto encodes a NodeProto: input 1, output 2, name 3, op_type 4, attribute 5.
-func nodeProto(name, op string, inputs []string, output string, attrs ...[]byte) []byte {
-	var b []byte
-	for _, in := range inputs {
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
-		b = protowire.AppendString(b, in)
-	}
-	b = protowire.AppendTag(b, 2, protowire.BytesType)
-	b = protowire.AppendString(b, output)
-	b = protowire.AppendTag(b, 3, protowire.BytesType)
-	b = protowire.AppendString(b, name)
-	b = protowire.AppendTag(b, 4, protowire.BytesType)
-	b = protowire.AppendString(b, op)
-	for _, a := range attrs {
-		b = appendMessage(b, 5, a)
-	}
-	return b
-}
-
-// intAttribute encodes an AttributeProto of type INT: name 1, i 3, type 20 (INT = 2).
-func intAttribute(name string, v int64) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, name)
-	b = protowire.AppendTag(b, 3, protowire.VarintType)
-	b = protowire.AppendVarint(b, uint64(v))
-	b = protowire.AppendTag(b, 20, protowire.VarintType)
-	return protowire.AppendVarint(b, 2)
-}
-
-// int64Scalar encodes a 0-d int64 TensorProto: data_type 2, name 8, raw_data 9.
-func int64Scalar(name string, v int64) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 2, protowire.VarintType)
-	b = protowire.AppendVarint(b, ort.ONNXInt64)
-	b = protowire.AppendTag(b, 8, protowire.BytesType)
-	b = protowire.AppendString(b, name)
-	b = protowire.AppendTag(b, 9, protowire.BytesType)
-	return protowire.AppendBytes(b, binary.LittleEndian.AppendUint64(nil, uint64(v)))
 }
 
 // speedInputInfo is piperSpeedInput's ValueInfoProto: float32 [batch, 1, 1].

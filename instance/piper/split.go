@@ -1,13 +1,11 @@
 package piper
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"os"
 
 	"github.com/voxmux/voxmux/instance/ort"
-	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // A Piper voice split at its decoder (docs/piper.md, "First audio"): VITS's infer ends with
@@ -34,37 +32,6 @@ type piperSplit struct {
 	hop         int // output samples per latent frame
 }
 
-// onnxNode is one NodeProto of a graph.
-type onnxNode struct {
-	raw     []byte // the whole field, tag included
-	in, out []string
-	op      string
-	attrs   map[string]onnxAttr
-}
-
-// onnxAttr is what voxmux reads of an AttributeProto.
-type onnxAttr struct {
-	i     int64
-	ints  []int64
-	s     string
-	graph bool // holds a subgraph (If, Loop, Scan): its outer-scope inputs are not listed
-}
-
-// onnxGraph is a GraphProto read field by field, each field's bytes kept for re-encoding.
-type onnxGraph struct {
-	fields []graphField
-	nodes  []onnxNode
-	dims   map[string][]int64 // initializer name → dims
-	inputs map[string]bool
-}
-
-type graphField struct {
-	num  protowire.Number
-	raw  []byte // tag and value
-	name string // for nodes: the index is kept in node; for initializers, inputs, outputs, value_info: the name
-	node int    // index into nodes, for field 1
-}
-
 // Decoder ops voxmux knows the reach of in time, besides convolutions: elementwise ones.
 var piperLocalOps = map[string]bool{
 	"Add": true, "Sub": true, "Mul": true, "Div": true, "Pow": true, "LeakyRelu": true, "Relu": true,
@@ -87,10 +54,7 @@ func splitPiper(path string) (*piperSplit, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("not an ONNX model: %w", err)
 	}
-	lengths, err := vitsLengths(graphBytes)
-	if err != nil {
-		return nil, "", err
-	}
+	lengths := vitsLengths(g.nodes)
 	if lengths == "" {
 		return nil, "the graph has no VITS length computation (Ceil → ReduceSum → Clip → Cast)", nil
 	}
@@ -128,153 +92,6 @@ func splitPiper(path string) (*piperSplit, string, error) {
 	sp.decoder = replaceGraph(data, at, end, g.subgraph(dec, decInputs,
 		[][]byte{valueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
 	return sp, "", nil
-}
-
-// modelGraph finds the GraphProto (field 7) of a ModelProto: its bytes and where the field starts
-// and ends in data.
-func modelGraph(data []byte) (graph []byte, at, end int, err error) {
-	pos := 0
-	for b := data; len(b) > 0; {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, 0, 0, fmt.Errorf("not an ONNX model: %w", protowire.ParseError(n))
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, 0, 0, fmt.Errorf("not an ONNX model: %w", protowire.ParseError(m))
-		}
-		if num == 7 && typ == protowire.BytesType {
-			graph, _ = protowire.ConsumeBytes(b[n:])
-			at, end = pos, pos+n+m
-		}
-		b = b[n+m:]
-		pos += n + m
-	}
-	if graph == nil {
-		return nil, 0, 0, errors.New("not an ONNX model: no graph")
-	}
-	return graph, at, end, nil
-}
-
-// replaceGraph is data with its graph field [at, end) replaced by graph.
-func replaceGraph(data []byte, at, end int, graph []byte) []byte {
-	out := make([]byte, 0, at+len(graph)+len(data)-end+16)
-	out = append(out, data[:at]...)
-	out = protowire.AppendTag(out, 7, protowire.BytesType)
-	out = protowire.AppendBytes(out, graph)
-	return append(out, data[end:]...)
-}
-
-func parseGraph(b []byte) (*onnxGraph, error) {
-	g := &onnxGraph{dims: map[string][]int64{}, inputs: map[string]bool{}}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, protowire.ParseError(n)
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, protowire.ParseError(m)
-		}
-		f := graphField{num: num, raw: b[:n+m]}
-		if typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[n:])
-			var err error
-			switch num {
-			case 1:
-				var nd onnxNode
-				nd, err = parseNode(v)
-				nd.raw = f.raw
-				f.node = len(g.nodes)
-				g.nodes = append(g.nodes, nd)
-			case 5: // TensorProto: dims 1, name 8
-				var dims []int64
-				err = ort.EachFieldOrVarint(v, func(k protowire.Number, s []byte, x uint64) error {
-					switch {
-					case k == 8 && s != nil:
-						f.name = string(s)
-					case k == 1 && s == nil:
-						dims = append(dims, int64(x))
-					case k == 1 && s != nil:
-						dims = append(dims, packed(s)...)
-					}
-					return nil
-				})
-				g.dims[f.name] = dims
-			case 11, 12, 13: // ValueInfoProto: name 1
-				err = ort.EachField(v, func(k protowire.Number, s []byte) error {
-					if k == 1 {
-						f.name = string(s)
-					}
-					return nil
-				})
-				if num == 11 {
-					g.inputs[f.name] = true
-				}
-			}
-			if err != nil {
-				return nil, err
-			}
-		}
-		g.fields = append(g.fields, f)
-		b = b[n+m:]
-	}
-	for name := range g.dims {
-		delete(g.inputs, name) // an initializer listed as an input too (IR < 4) is a weight
-	}
-	return g, nil
-}
-
-func parseNode(v []byte) (onnxNode, error) {
-	nd := onnxNode{attrs: map[string]onnxAttr{}}
-	err := ort.EachField(v, func(n protowire.Number, f []byte) error {
-		switch n {
-		case 1:
-			nd.in = append(nd.in, string(f))
-		case 2:
-			nd.out = append(nd.out, string(f))
-		case 4:
-			nd.op = string(f)
-		case 5: // AttributeProto: name 1, i 3, s 4, g 6, ints 8, graphs 11
-			var name string
-			var a onnxAttr
-			err := ort.EachFieldOrVarint(f, func(k protowire.Number, b []byte, x uint64) error {
-				switch {
-				case k == 1 && b != nil:
-					name = string(b)
-				case k == 3 && b == nil:
-					a.i = int64(x)
-				case k == 4 && b != nil:
-					a.s = string(b)
-				case (k == 6 || k == 11) && b != nil:
-					a.graph = true
-				case k == 8 && b == nil:
-					a.ints = append(a.ints, int64(x))
-				case k == 8 && b != nil:
-					a.ints = append(a.ints, packed(b)...)
-				}
-				return nil
-			})
-			nd.attrs[name] = a
-			return err
-		}
-		return nil
-	})
-	return nd, err
-}
-
-// packed decodes a packed repeated varint field.
-func packed(b []byte) []int64 {
-	var out []int64
-	for len(b) > 0 {
-		x, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return out
-		}
-		out = append(out, int64(x))
-		b = b[n:]
-	}
-	return out
 }
 
 // decoderInput finds HiFi-GAN's input by structure: the first transposed convolution (the one no
@@ -502,54 +319,13 @@ func (g *onnxGraph) subgraph(keep map[int]bool, inputs map[string]bool, addInput
 		out = append(out, f.raw...)
 	}
 	if extra != nil {
-		out = protowire.AppendTag(out, 1, protowire.BytesType)
-		out = protowire.AppendBytes(out, extra)
+		out = appendMessage(out, 1, extra)
 	}
 	for _, v := range addInputs {
-		out = protowire.AppendTag(out, 11, protowire.BytesType)
-		out = protowire.AppendBytes(out, v)
+		out = appendMessage(out, 11, v)
 	}
 	for _, v := range addOutputs {
-		out = protowire.AppendTag(out, 12, protowire.BytesType)
-		out = protowire.AppendBytes(out, v)
+		out = appendMessage(out, 12, v)
 	}
 	return out
-}
-
-// valueInfo is a ValueInfoProto: a tensor of elemType and rank dims of unknown size.
-func valueInfo(name string, elemType int32, rank int) []byte {
-	var shape []byte
-	for i := range rank {
-		var dim []byte
-		dim = protowire.AppendTag(dim, 2, protowire.BytesType) // dim_param
-		dim = protowire.AppendString(dim, fmt.Sprintf("%s_%d", name, i))
-		shape = protowire.AppendTag(shape, 1, protowire.BytesType)
-		shape = protowire.AppendBytes(shape, dim)
-	}
-	var tensor []byte
-	tensor = protowire.AppendTag(tensor, 1, protowire.VarintType)
-	tensor = protowire.AppendVarint(tensor, uint64(elemType))
-	tensor = protowire.AppendTag(tensor, 2, protowire.BytesType)
-	tensor = protowire.AppendBytes(tensor, shape)
-	var typ []byte
-	typ = protowire.AppendTag(typ, 1, protowire.BytesType)
-	typ = protowire.AppendBytes(typ, tensor)
-	var vi []byte
-	vi = protowire.AppendTag(vi, 1, protowire.BytesType)
-	vi = protowire.AppendString(vi, name)
-	vi = protowire.AppendTag(vi, 2, protowire.BytesType)
-	return protowire.AppendBytes(vi, typ)
-}
-
-// identityNode is a NodeProto (input 1, output 2, name 3, op_type 4) copying in to out.
-func identityNode(in, out string) []byte {
-	var node []byte
-	node = protowire.AppendTag(node, 1, protowire.BytesType)
-	node = protowire.AppendString(node, in)
-	node = protowire.AppendTag(node, 2, protowire.BytesType)
-	node = protowire.AppendString(node, out)
-	node = protowire.AppendTag(node, 3, protowire.BytesType)
-	node = protowire.AppendString(node, out+"_identity")
-	node = protowire.AppendTag(node, 4, protowire.BytesType)
-	return protowire.AppendString(node, "Identity")
 }

@@ -1,0 +1,308 @@
+package piper
+
+// The ONNX protobuf, read and written in memory field by field (google.golang.org/protobuf's wire
+// format; voxmux carries no generated ONNX types): the voice's graph is edited to expose row
+// lengths (graph.go), to take each row's speed (speed.go) and to be cut at the decoder (split.go),
+// with every field it does not change kept byte for byte.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/voxmux/voxmux/instance/ort"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// onnxNode is one NodeProto of a graph.
+type onnxNode struct {
+	raw     []byte // the whole field, tag included
+	in, out []string
+	op      string
+	attrs   map[string]onnxAttr
+}
+
+// onnxAttr is what voxmux reads of an AttributeProto.
+type onnxAttr struct {
+	i     int64
+	ints  []int64
+	s     string
+	graph bool // holds a subgraph (If, Loop, Scan): its outer-scope inputs are not listed
+}
+
+// onnxGraph is a GraphProto read field by field, each field's bytes kept for re-encoding.
+type onnxGraph struct {
+	fields []graphField
+	nodes  []onnxNode
+	dims   map[string][]int64 // initializer name → dims
+	inputs map[string]bool
+}
+
+type graphField struct {
+	num  protowire.Number
+	raw  []byte // tag and value
+	name string // for nodes: the index is kept in node; for initializers, inputs, outputs, value_info: the name
+	node int    // index into nodes, for field 1
+}
+
+// modelGraph finds the GraphProto (field 7) of a ModelProto: its bytes and where the field starts
+// and ends in data.
+func modelGraph(data []byte) (graph []byte, at, end int, err error) {
+	pos := 0
+	for b := data; len(b) > 0; {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, 0, 0, fmt.Errorf("not an ONNX model: %w", protowire.ParseError(n))
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, 0, 0, fmt.Errorf("not an ONNX model: %w", protowire.ParseError(m))
+		}
+		if num == 7 && typ == protowire.BytesType {
+			graph, _ = protowire.ConsumeBytes(b[n:])
+			at, end = pos, pos+n+m
+		}
+		b = b[n+m:]
+		pos += n + m
+	}
+	if graph == nil {
+		return nil, 0, 0, errors.New("not an ONNX model: no graph")
+	}
+	return graph, at, end, nil
+}
+
+// replaceGraph is data with its graph field [at, end) replaced by graph.
+func replaceGraph(data []byte, at, end int, graph []byte) []byte {
+	out := make([]byte, 0, at+len(graph)+len(data)-end+16)
+	out = appendMessage(append(out, data[:at]...), 7, graph)
+	return append(out, data[end:]...)
+}
+
+func parseGraph(b []byte) (*onnxGraph, error) {
+	g := &onnxGraph{dims: map[string][]int64{}, inputs: map[string]bool{}}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, protowire.ParseError(m)
+		}
+		f := graphField{num: num, raw: b[:n+m]}
+		if typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[n:])
+			var err error
+			switch num {
+			case 1:
+				var nd onnxNode
+				nd, err = parseNode(v)
+				nd.raw = f.raw
+				f.node = len(g.nodes)
+				g.nodes = append(g.nodes, nd)
+			case 5: // TensorProto: dims 1, name 8
+				var dims []int64
+				err = ort.EachFieldOrVarint(v, func(k protowire.Number, s []byte, x uint64) error {
+					switch {
+					case k == 8 && s != nil:
+						f.name = string(s)
+					case k == 1 && s == nil:
+						dims = append(dims, int64(x))
+					case k == 1 && s != nil:
+						dims = append(dims, packed(s)...)
+					}
+					return nil
+				})
+				g.dims[f.name] = dims
+			case 11, 12, 13: // ValueInfoProto: name 1
+				err = ort.EachField(v, func(k protowire.Number, s []byte) error {
+					if k == 1 {
+						f.name = string(s)
+					}
+					return nil
+				})
+				if num == 11 {
+					g.inputs[f.name] = true
+				}
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
+		g.fields = append(g.fields, f)
+		b = b[n+m:]
+	}
+	for name := range g.dims {
+		delete(g.inputs, name) // an initializer listed as an input too (IR < 4) is a weight
+	}
+	return g, nil
+}
+
+func parseNode(v []byte) (onnxNode, error) {
+	nd := onnxNode{attrs: map[string]onnxAttr{}}
+	err := ort.EachField(v, func(n protowire.Number, f []byte) error {
+		switch n {
+		case 1:
+			nd.in = append(nd.in, string(f))
+		case 2:
+			nd.out = append(nd.out, string(f))
+		case 4:
+			nd.op = string(f)
+		case 5: // AttributeProto: name 1, i 3, s 4, g 6, ints 8, graphs 11
+			var name string
+			var a onnxAttr
+			err := ort.EachFieldOrVarint(f, func(k protowire.Number, b []byte, x uint64) error {
+				switch {
+				case k == 1 && b != nil:
+					name = string(b)
+				case k == 3 && b == nil:
+					a.i = int64(x)
+				case k == 4 && b != nil:
+					a.s = string(b)
+				case (k == 6 || k == 11) && b != nil:
+					a.graph = true
+				case k == 8 && b == nil:
+					a.ints = append(a.ints, int64(x))
+				case k == 8 && b != nil:
+					a.ints = append(a.ints, packed(b)...)
+				}
+				return nil
+			})
+			nd.attrs[name] = a
+			return err
+		}
+		return nil
+	})
+	return nd, err
+}
+
+// packed decodes a packed repeated varint field.
+func packed(b []byte) []int64 {
+	var out []int64
+	for len(b) > 0 {
+		x, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return out
+		}
+		out = append(out, int64(x))
+		b = b[n:]
+	}
+	return out
+}
+
+// valueInfo is a ValueInfoProto: a tensor of elemType and rank dims of unknown size.
+func valueInfo(name string, elemType int32, rank int) []byte {
+	var shape []byte
+	for i := range rank {
+		var dim []byte
+		dim = protowire.AppendTag(dim, 2, protowire.BytesType) // dim_param
+		dim = protowire.AppendString(dim, fmt.Sprintf("%s_%d", name, i))
+		shape = protowire.AppendTag(shape, 1, protowire.BytesType)
+		shape = protowire.AppendBytes(shape, dim)
+	}
+	var tensor []byte
+	tensor = protowire.AppendTag(tensor, 1, protowire.VarintType)
+	tensor = protowire.AppendVarint(tensor, uint64(elemType))
+	tensor = protowire.AppendTag(tensor, 2, protowire.BytesType)
+	tensor = protowire.AppendBytes(tensor, shape)
+	var typ []byte
+	typ = protowire.AppendTag(typ, 1, protowire.BytesType)
+	typ = protowire.AppendBytes(typ, tensor)
+	var vi []byte
+	vi = protowire.AppendTag(vi, 1, protowire.BytesType)
+	vi = protowire.AppendString(vi, name)
+	vi = protowire.AppendTag(vi, 2, protowire.BytesType)
+	return protowire.AppendBytes(vi, typ)
+}
+
+// identityNode is a NodeProto copying in to out.
+func identityNode(in, out string) []byte {
+	return nodeProto(out+"_identity", "Identity", []string{in}, out)
+}
+
+// editGraph replaces the model's graph (ModelProto field 7) by what edit makes of it; nil from
+// edit leaves the model as it is and returns nil.
+func editGraph(model []byte, edit func(graph []byte) ([]byte, error)) ([]byte, error) {
+	graph, at, end, err := modelGraph(model)
+	if err != nil {
+		return nil, err
+	}
+	g, err := edit(graph)
+	if err != nil || g == nil {
+		return nil, err
+	}
+	return replaceGraph(model, at, end, g), nil
+}
+
+// eachRawField calls fn with every field of a message: its bytes as encoded (tag included) and,
+// for a length-delimited field, its value.
+func eachRawField(b []byte, fn func(num protowire.Number, raw, v []byte) error) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		var v []byte
+		if typ == protowire.BytesType {
+			v, _ = protowire.ConsumeBytes(b[n:])
+			if v == nil {
+				v = []byte{}
+			}
+		}
+		if err := fn(num, b[:n+m], v); err != nil {
+			return err
+		}
+		b = b[n+m:]
+	}
+	return nil
+}
+
+func appendMessage(b []byte, num protowire.Number, msg []byte) []byte {
+	b = protowire.AppendTag(b, num, protowire.BytesType)
+	return protowire.AppendBytes(b, msg)
+}
+
+// nodeProto encodes a NodeProto: input 1, output 2, name 3, op_type 4, attribute 5.
+func nodeProto(name, op string, inputs []string, output string, attrs ...[]byte) []byte {
+	var b []byte
+	for _, in := range inputs {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, in)
+	}
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, output)
+	b = protowire.AppendTag(b, 3, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 4, protowire.BytesType)
+	b = protowire.AppendString(b, op)
+	for _, a := range attrs {
+		b = appendMessage(b, 5, a)
+	}
+	return b
+}
+
+// intAttribute encodes an AttributeProto of type INT: name 1, i 3, type 20 (INT = 2).
+func intAttribute(name string, v int64) []byte {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 3, protowire.VarintType)
+	b = protowire.AppendVarint(b, uint64(v))
+	b = protowire.AppendTag(b, 20, protowire.VarintType)
+	return protowire.AppendVarint(b, 2)
+}
+
+// int64Scalar encodes a 0-d int64 TensorProto: data_type 2, name 8, raw_data 9.
+func int64Scalar(name string, v int64) []byte {
+	var b []byte
+	b = protowire.AppendTag(b, 2, protowire.VarintType)
+	b = protowire.AppendVarint(b, ort.ONNXInt64)
+	b = protowire.AppendTag(b, 8, protowire.BytesType)
+	b = protowire.AppendString(b, name)
+	b = protowire.AppendTag(b, 9, protowire.BytesType)
+	return protowire.AppendBytes(b, binary.LittleEndian.AppendUint64(nil, uint64(v)))
+}
