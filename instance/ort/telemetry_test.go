@@ -93,10 +93,12 @@ func TestRuntimeWritesNothingOutsideItsModel(t *testing.T) {
 	// First the check's own check: allowed, the runtime writes, and the time it takes bounds how
 	// long the refused run must live to show that it writes nothing.
 	start := time.Now()
-	if written := run(true, "until"); len(written) == 0 {
-		t.Skipf("with %s=1 this runtime wrote nothing in 30 s: its telemetry does not run here, so there is nothing to refuse", TelemetryEnv)
+	wait := 2 * time.Second
+	if written := run(true, "until"); len(written) > 0 {
+		wait = 2 * time.Since(start)
+	} else {
+		t.Logf("with %s=1 this runtime wrote nothing in 30 s (its telemetry does not run here); the refused run is checked all the same", TelemetryEnv)
 	}
-	wait := 2 * time.Since(start)
 	if written := run(false, wait.String()); len(written) > 0 {
 		t.Fatalf("ONNX Runtime wrote %v", written)
 	}
