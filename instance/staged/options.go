@@ -51,7 +51,8 @@ type Options struct {
 	// FlowPromptCacheMB bounds, in MiB, the voice prompts' keys and values that a model with the
 	// chunk-causal flow (flow.chunk_step) keeps between requests (docs/cosyvoice3.md, "Prompt
 	// cache"); the least recently used voice goes first. 0: 8192 on CUDA (22 five-second voices of
-	// CosyVoice3-0.5B at 360 MB each), 1024 on the CPU. Ignored without flow.chunk_step.
+	// CosyVoice3-0.5B at 360 MB each), 1024 on the CPU, at most a quarter of flow_kv_memory_mb.
+	// Ignored without flow.chunk_step.
 	FlowPromptCacheMB int `json:"flow_prompt_cache_mb"`
 	// FlowKVMemoryMB bounds, in MiB, all the device memory a model with the chunk-causal flow
 	// (flow.chunk_step) takes for keys and values: every stream's kept frames, the prompt cache
