@@ -17,8 +17,12 @@ type cancelCounters struct {
 	engine.Cancels
 }
 
-// left records that the scheduler dropped request r, which counts if it was cancelled.
-func (c *cancelCounters) left(r *request) { c.Left(&r.cancelAt) }
+// left records that the scheduler dropped request r for its ended context: a cancel, counted
+// even where watchCancel's callback, which runs on a goroutine of its own, has not marked it yet.
+func (c *cancelCounters) left(r *request) {
+	r.cancelAt.CompareAndSwap(0, time.Now().UnixNano())
+	c.Left(&r.cancelAt)
+}
 
 // CancelStats sums the requests cancelled while the engine held them and the time each took to
 // leave it.

@@ -324,16 +324,16 @@ func (s *scheduler) dropCancelled() {
 			continue
 		}
 		if err := r.r.ctx.Err(); err != nil {
+			s.e.cancels.left(r.r) // counted before the slot frees, so a free slot means counted
 			s.free(b)
 			r.r.finish(err)
-			s.e.cancels.left(r.r)
 		}
 	}
 	kept := s.waiting[:0]
 	for _, r := range s.waiting {
 		if err := r.ctx.Err(); err != nil {
-			r.finish(err)
 			s.e.cancels.left(r)
+			r.finish(err)
 			continue
 		}
 		kept = append(kept, r)
