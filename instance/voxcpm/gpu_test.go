@@ -3,6 +3,7 @@ package voxcpm
 import (
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,5 +128,74 @@ func TestGPUSteps(t *testing.T) {
 	t.Logf("step and VAE graphs: first patch %g from plain, %d of %d requests as long; %d requests at once %v (%s)", dGraph, sameLen, len(reqs), len(reqs), gt, stat(graphs))
 	if dGraph > 0.05 {
 		t.Fatalf("first patches with the step's graphs differ by %g, over float16 rounding", dGraph)
+	}
+}
+
+// On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the step's CUDA graphs are captured and
+// checked against plain runs (the engine's load-time check) once per variant in VOXMUX_GPU_SDPA:
+// variants separated by ";", each a space-separated list of KEY=VALUE, where a KEY starting with
+// ORT_ is an environment variable ONNX Runtime reads when it builds its kernels (ORT_ENABLE_XQA,
+// ORT_DISABLE_FLASH_DECODE) and any other a CUDA provider option (sdpa_kernel); an empty variant
+// leaves ONNX Runtime's choices. A request then runs alone with each variant that passes: which
+// attention kernels the step's graphs can replay. It fails only when none can.
+func TestGPUStepCaptureKernels(t *testing.T) {
+	path := os.Getenv("VOXMUX_GPU_VOXCPM")
+	if path == "" {
+		t.Skip("VOXMUX_GPU_VOXCPM is not set")
+	}
+	lib, err := ort.FindLibrary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	variants := ";ORT_ENABLE_XQA=0;sdpa_kernel=2;ORT_ENABLE_XQA=0 sdpa_kernel=1"
+	if v, ok := os.LookupEnv("VOXMUX_GPU_SDPA"); ok {
+		variants = v
+	}
+	passed := 0
+	for _, v := range strings.Split(variants, ";") {
+		po := map[string]string{}
+		var env []string
+		for _, kv := range strings.Fields(v) {
+			k, val, ok := strings.Cut(kv, "=")
+			if !ok {
+				t.Fatalf("VOXMUX_GPU_SDPA: %q is not KEY=VALUE", kv)
+			}
+			if strings.HasPrefix(k, "ORT_") {
+				t.Setenv(k, val)
+				env = append(env, k)
+			} else {
+				po[k] = val
+			}
+		}
+		name := v
+		if name == "" {
+			name = "ONNX Runtime's choices"
+		}
+		t0 := time.Now()
+		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 2,
+			ProviderOptions: po, Engine: section(t, Options{LMCUDAGraph: StepGraphOn})})
+		for _, k := range env {
+			os.Unsetenv(k)
+		}
+		if err != nil {
+			t.Logf("capture with %s: refused after %v: %v", name, time.Since(t0).Round(time.Millisecond), err)
+			continue
+		}
+		e := r.(*Engine)
+		res := run(t, e, tts.Request{Text: texts[0], Seed: 1})
+		st := e.Stats()[stageStep]
+		per := time.Duration(0)
+		if st.Batches > 0 {
+			per = st.Busy / time.Duration(st.Batches)
+		}
+		t.Logf("capture with %s: passed its check (load %v); one request: %d patches, %v a step, err %v",
+			name, time.Since(t0).Round(time.Millisecond), len(res.chunks), per, res.err)
+		if res.err == nil {
+			passed++
+		}
+		r.Close()
+	}
+	if passed == 0 {
+		t.Fatalf("no variant of %q gave step graphs that replay as plain runs", variants)
 	}
 }
