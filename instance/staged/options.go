@@ -85,7 +85,8 @@ const (
 	ChunkEmitEarly ChunkEmit = "early"
 	// ChunkEmitCosyVoice ends every chunk on CosyVoice's own boundaries: the first hop padded so
 	// that prompt and hop end on a chunk boundary, then every chunk boundary; every chunk then
-	// equals CosyVoice's streaming run.
+	// equals CosyVoice's streaming run, but for the last, which CosyVoice's tts computes with full
+	// attention (docs/cosyvoice3.md, "Chunk-causal flow").
 	ChunkEmitCosyVoice ChunkEmit = "cosyvoice"
 )
 

@@ -47,6 +47,7 @@ import torch
 
 from ..common.paths import run_module
 from . import net
+from .server_parity import TOKENS_PER_TEXT_TOKEN
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -280,6 +281,48 @@ def compare_lm(report, sess, lm, cfg, prompt, forced):
                                   "argmax_equal": bool((got.argmax(-1) == want[len(prompt) - 1:len(seq) - 1].argmax(-1)).all())}
 
 
+def request_prompt(cfg, reference, out_dir, voice, text):
+    """The LM prompt of a request for text in the export's voice, as CosyVoice3's frontend makes it
+    (the voice's instruction, <|endofprompt|>, its transcript and the text, then its speech
+    tokens); returns it, the text's ids, and the voice's (tokens, mel, embedding)."""
+    from transformers import Qwen2Tokenizer
+    qdir = os.path.join(reference, "qwen2")
+    tok = Qwen2Tokenizer(os.path.join(qdir, "vocab.json"), os.path.join(qdir, "merges.txt"))
+    vtext, vtoks, vmel, vemb = read_voice(out_dir, voice, cfg.flow.mel, cfg.flow.spk_dim)
+    head, _, tail = vtext.partition("<|endofprompt|>")
+    prompt_text = tok.encode(head) + [151646] + tok.encode(tail)
+    text_ids = tok.encode(text)
+    return unified_prompt(cfg, prompt_text + text_ids, vtoks), text_ids, (vtoks, vmel, vemb)
+
+
+def greedy_tokens(lm, cfg, prompt, n):
+    """The reference LM's n greedy speech tokens after prompt, end of speech banned throughout:
+    what voxmux's engine makes with no lm.sampling and min = max tokens per text token
+    (server_parity.rewrite_manifest). Each step is an uncached forward (module docstring)."""
+    seq, gen = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            h = ref_hidden(lm, ref_embed(lm, cfg, seq))
+            logits = lm.llm_decoder(h[:, -1])[0]
+            t = int(logits[:cfg.lm.speech_tokens].argmax())
+            gen.append(t)
+            seq.append(cfg.lm.text_vocab + t)
+    return gen
+
+
+def write_e2e(work, request, tokens, files):
+    """WORK/e2e for a check through the server: the request, the reference's tokens (tokens.i64)
+    and its arrays (name -> float32 array)."""
+    e2e = os.path.join(work, "e2e")
+    os.makedirs(e2e, exist_ok=True)
+    np.array(tokens, np.int64).tofile(os.path.join(e2e, "tokens.i64"))
+    for name, arr in files.items():
+        np.asarray(arr, np.float32).astype("<f4").tofile(os.path.join(e2e, name))
+    with open(os.path.join(e2e, "request.json"), "w") as f:
+        json.dump(request, f)
+    return e2e
+
+
 def time_span(cfg):
     t = torch.linspace(0, 1, cfg.flow.steps + 1, dtype=torch.float32)
     if cfg.flow.schedule == "cosine":
@@ -406,15 +449,8 @@ def main():
     step_s = ort_session(os.path.join(out_dir, "flow_step.onnx"), a.threads)
     voc_s = ort_session(os.path.join(out_dir, "vocoder.onnx"), a.threads)
 
-    from transformers import Qwen2Tokenizer
-    qdir = os.path.join(a.reference, "qwen2")
-    tok = Qwen2Tokenizer(os.path.join(qdir, "vocab.json"), os.path.join(qdir, "merges.txt"))
-    vtext, vtoks, vmel, vemb = read_voice(out_dir, "bench", cfg.flow.mel, cfg.flow.spk_dim)
-    head, _, tail = vtext.partition("<|endofprompt|>")
-    prompt_text = tok.encode(head) + [151646] + tok.encode(tail)
     text = "Hello world."
-    text_ids = tok.encode(text)
-    prompt = unified_prompt(cfg, prompt_text + text_ids, vtoks)
+    prompt, text_ids, (vtoks, vmel, vemb) = request_prompt(cfg, a.reference, out_dir, "bench", text)
 
     # LM: teacher-forced speech tokens after the prompt.
     g = torch.Generator().manual_seed(5)
@@ -438,18 +474,9 @@ def main():
                                "snr_db": snr_db(got_audio, want_audio)}
     log("vocoder:", report["vocoder_audio"])
 
-    # End to end: greedy tokens (end of speech banned throughout, 20 tokens per text token: what a
-    # manifest with min = max = 20 per text token does), then token2wav.
-    n = 20 * len(text_ids)
-    seq = list(prompt)
-    gen = []
-    with torch.no_grad():
-        for _ in range(n):
-            h = ref_hidden(lm, ref_embed(lm, cfg, seq))
-            logits = lm.llm_decoder(h[:, -1])[0]
-            t = int(logits[:cfg.lm.speech_tokens].argmax())
-            gen.append(t)
-            seq.append(cfg.lm.text_vocab + t)
+    # End to end: greedy tokens, then token2wav.
+    n = TOKENS_PER_TEXT_TOKEN * len(text_ids)
+    gen = greedy_tokens(lm, cfg, prompt, n)
     want_mel = ref_flow(flow, vtoks, gen, vmel, vemb)
     want_audio = ref_vocoder(hift, want_mel)
     got_gen = []
@@ -466,12 +493,8 @@ def main():
                                    "samples": int(want_audio.shape[1]), "max_abs_diff": d, "max_rel_diff": r,
                                    "snr_db": snr_db(got_audio, want_audio)}
     log("end to end:", report["end_to_end_graphs"])
-    e2e = os.path.join(a.work, "e2e")
-    os.makedirs(e2e, exist_ok=True)
-    np.array(gen, np.int64).tofile(os.path.join(e2e, "tokens.i64"))
-    want_audio.astype("<f4").tofile(os.path.join(e2e, "reference_audio.f32"))
-    with open(os.path.join(e2e, "request.json"), "w") as f:
-        json.dump({"model": "cosyvoice3", "voice": "bench", "input": text, "response_format": "pcm"}, f)
+    write_e2e(a.work, {"model": "cosyvoice3", "voice": "bench", "input": text, "response_format": "pcm"}, gen,
+              {"reference_audio.f32": want_audio})
 
     tol = {"lm_prefill_logits": 1e-3, "lm_decode_logits": 1e-3, "flow_mel": 1e-3, "vocoder_audio": 1e-2,
            "end_to_end_graphs": 1e-2}

@@ -1,7 +1,7 @@
 """Checks voxmux's chunk-causal flow (flow_chunk.onnx, docs/cosyvoice3.md "Chunk-causal flow")
 against CosyVoice3's own streaming flow, with random weights.
 
-    usage: python3 -m scripts.cosyvoice3.parity_stream --reference DIR --work DIR --report FILE [--tiny]
+    usage: python3 -m scripts.cosyvoice3.parity_stream --reference DIR --work DIR --report FILE [--tiny] [--e2e]
 
 --reference is what scripts/cosyvoice3/parity.py takes (a CosyVoice checkout, x_transformers.py,
 the Qwen2 tokenizer files). The script builds the reference's CausalMaskedDiffWithDiT with the
@@ -12,8 +12,9 @@ voice and 300 random speech tokens:
 1. the reference streamed as CosyVoice3Model.tts streams it (the first hop padded so that the voice
    prompt and it end on a 50-frame boundary, hops of 25, 50 and then 100 tokens, each emit a
    flow.inference(streaming=True, finalize=False) over every token so far with the 3 look-ahead
-   tokens, the last one finalize=True), against its own flow.inference(streaming=True) over the
-   whole utterance: what the streamed mel must equal;
+   tokens, the last one finalize=True; tts's own last call runs with full attention, which --e2e
+   measures), against its own flow.inference(streaming=True) over the whole utterance: what the
+   streamed mel must equal;
 2. voxmux's flow on CosyVoice's boundaries (mu from flow_encoder.onnx over the voice's and the
    request's tokens; the voice's kept chunks computed from the voice alone, as the engine keeps
    them per voice; then each emit a flow_chunk.onnx segment from the cache), against 1, per emit
@@ -22,7 +23,17 @@ voice and 300 random speech tokens:
    (its difference from the reference is measured, not bounded), then every chunk boundary, each
    of which must equal 1.
 
-The report (JSON) gives each difference and the tolerance; the script exits 1 if one is over.
+With --e2e (docs/benchmarks/2026-12-07-cosyvoice3-stream-parity, "Through the server") it also
+exports a second random voice (E2E_VOICE), takes the reference LM's greedy tokens for one request
+(--text) as parity.py's end-to-end check does, and runs CosyVoice3Model.token2wav as
+tts(stream=True) calls it over them: the flow emits of 1 (the last one with full attention, as tts
+runs it, and again under the chunk-causal mask), and at each emit HiFT over all the mel so far. It
+writes WORK/e2e (request.json, tokens.i64, reference_stream_audio.f32,
+reference_stream_causal_audio.f32, reference_stream_emits.json) for
+scripts/cosyvoice3/parity_stream_server.sh, and the report's "e2e" section.
+
+The report (JSON) gives each difference and the tolerance; the script exits 1 if one is over (the
+e2e section is measured here and bounded through the server).
 """
 
 import argparse
@@ -37,6 +48,12 @@ import torch
 from ..common.paths import run_module
 from . import chunkflow, net, parity
 
+# The end-to-end request (--e2e): a 4.4 s random voice, 110 tokens, so that CosyVoice pads its first
+# hop (to 40 tokens) to end on a chunk boundary; 10 text tokens make 200 speech tokens, emitted at
+# 40, 90 and 190 tokens and finalized at 200.
+E2E_VOICE = "stream:4.4"
+E2E_TEXT = "The quick brown fox jumps over the lazy dog."
+SILENT_TOKENS = (1, 2, 28, 29, 55, 248, 494, 2241, 2242, 2322, 2323)   # CosyVoice3Model.silent_tokens
 TOL_REL = 1e-3     # relative to the reference mel's largest magnitude, as parity.py's flow_mel
 HOP, MAX_HOP, SCALE = 25, 100, 2      # CosyVoice3Model: token_hop_len, token_max_hop_len, stream_scale_factor
 
@@ -45,20 +62,23 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
-def reference_stream(flow, vtoks, tokens, vmel, vemb):
-    """CosyVoice3Model.tts(stream=True)'s flow calls; returns [(first token, mel)] per emit."""
+def reference_stream(flow, vtoks, tokens, vmel, vemb, final_streaming=True):
+    """CosyVoice3Model.tts(stream=True)'s flow calls; returns [(first token, mel)] per emit.
+    tts makes its last call (finalize=True) without passing stream, so that one runs with full
+    attention (streaming=False): final_streaming=False reproduces that; True runs it under the
+    chunk-causal mask like the others, which is what the whole streaming=True run equals."""
     la = flow.pre_lookahead_len
     pad = int(np.ceil(len(vtoks) / HOP) * HOP - len(vtoks))
     hop, offset, out = HOP, 0, []
 
-    def call(toks, finalize):
+    def call(toks, finalize, streaming=True):
         with torch.no_grad():
             mel, _ = flow.inference(
                 token=torch.tensor([toks]), token_len=torch.tensor([len(toks)]),
                 prompt_token=torch.tensor([vtoks], dtype=torch.int64).reshape(1, -1),
                 prompt_token_len=torch.tensor([len(vtoks)]), prompt_feat=torch.from_numpy(vmel).unsqueeze(0),
                 prompt_feat_len=torch.tensor([vmel.shape[0]]),
-                embedding=torch.from_numpy(vemb).reshape(1, -1), streaming=True, finalize=finalize)
+                embedding=torch.from_numpy(vemb).reshape(1, -1), streaming=streaming, finalize=finalize)
         return mel[0].numpy()
     while True:
         this = hop + pad if offset == 0 else hop
@@ -68,9 +88,79 @@ def reference_stream(flow, vtoks, tokens, vmel, vemb):
         out.append((offset, mel[:, offset * 2:]))
         offset += this
         hop = min(MAX_HOP, hop * SCALE)
-    mel = call(tokens, True)
+    mel = call(tokens, True, final_streaming)
     out.append((offset, mel[:, offset * 2:]))
     return out
+
+
+def stream_hift(hift, mels):
+    """CosyVoice3Model.token2wav's vocoder over the emits' mels: at each emit HiFT over all the
+    mel so far (finalize=False trims its look-ahead frames and last samples; the last emit
+    finalizes), keeping the samples past those emitted before. Returns the audio and each emit's
+    number of samples."""
+    so_far, out, counts = None, [], []
+    for i, m in enumerate(mels):
+        m = torch.from_numpy(np.ascontiguousarray(m, np.float32)).unsqueeze(0)
+        so_far = m if so_far is None else torch.cat([so_far, m], dim=2)
+        with torch.no_grad():
+            speech, _ = hift.inference(speech_feat=so_far, finalize=i == len(mels) - 1)
+        new = speech[0, sum(counts):].float().numpy()
+        out.append(new)
+        counts.append(int(new.size))
+    hift.float()  # inference leaves the F0 predictor in float64
+    return np.concatenate(out), counts
+
+
+def max_silent_run(tokens):
+    run = best = 0
+    for t in tokens:
+        run = run + 1 if t in SILENT_TOKENS else 0
+        best = max(best, run)
+    return best
+
+
+def stream_e2e(a, cfg, lm, flow, hift, out_dir):
+    """The reference's streamed audio of one request, for parity_stream_server.sh: the reference
+    LM's greedy tokens (as parity.py's end-to-end check makes them), then CosyVoice3Model's
+    streamed token2wav over them, written to WORK/e2e. Returns the report's "e2e" section."""
+    voice = E2E_VOICE.partition(":")[0]
+    prompt, text_ids, (vtoks, vmel, vemb) = parity.request_prompt(cfg, a.reference, out_dir, voice, a.text)
+    n = parity.TOKENS_PER_TEXT_TOKEN * len(text_ids)
+    t0 = time.time()
+    tokens = parity.greedy_tokens(lm, cfg, prompt, n)
+    log("e2e: %d greedy tokens (%.0f s)" % (n, time.time() - t0))
+    literal = reference_stream(flow, vtoks, tokens, vmel, vemb, final_streaming=False)
+    causal = reference_stream(flow, vtoks, tokens, vmel, vemb)
+    audio, counts = stream_hift(hift, [m for _, m in literal])
+    causal_audio, causal_counts = stream_hift(hift, [m for _, m in causal])
+    whole = parity.ref_vocoder(hift, np.concatenate([m for _, m in causal], axis=1)[None])[0]
+    ends = [o for o, _ in literal[1:]] + [len(tokens)]
+    emits = [{"tokens": [o, e], "frames": int(m.shape[1]), "samples": c, "finalize": i == len(literal) - 1}
+             for i, ((o, m), e, c) in enumerate(zip(literal, ends, counts))]
+    assert counts == causal_counts and sum(counts) == whole.size, (counts, causal_counts, whole.size)
+    request = {"model": "cosyvoice3", "voice": voice, "input": a.text, "response_format": "pcm", "stream": True}
+    e2e = parity.write_e2e(a.work, request, tokens, {"reference_stream_audio.f32": audio,
+                                                     "reference_stream_causal_audio.f32": causal_audio})
+    with open(os.path.join(e2e, "reference_stream_emits.json"), "w") as f:
+        json.dump({"voice_tokens": len(vtoks), "tokens": len(tokens), "emits": emits}, f, indent=2)
+    last = emits[-1]["samples"]
+    return {
+        "text": a.text, "voice": E2E_VOICE, "text_tokens": len(text_ids), "speech_tokens": n,
+        "voice_tokens": len(vtoks), "emits": emits,
+        "max_silent_token_run": max_silent_run(tokens),
+        # CosyVoice's last flow call (full attention) against the chunk-causal one, relative to the
+        # streamed mel's largest magnitude, and the audio both give.
+        "last_emit_full_attention_vs_causal_mel_rel": float(np.abs(literal[-1][1] - causal[-1][1]).max()
+                                                            / np.abs(np.concatenate([m for _, m in causal], 1)).max()),
+        "last_emit_full_attention_vs_causal_audio": {
+            "samples": last, "max_abs_diff": float(np.abs(audio[-last:] - causal_audio[-last:]).max()),
+            "snr_db": parity.snr_db(audio[-last:], causal_audio[-last:])},
+        "before_last_emit_equal": bool(np.array_equal(audio[:-last], causal_audio[:-last])),
+        # HiFT streamed emit by emit against one run over the same mel: the reference's own
+        # streaming error (measured, not bounded).
+        "streamed_hift_vs_whole": {"max_abs_diff": float(np.abs(causal_audio - whole).max()),
+                                   "snr_db": parity.snr_db(causal_audio, whole)},
+    }
 
 
 class OrtStep:
@@ -121,6 +211,9 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=300)
+    ap.add_argument("--e2e", action="store_true",
+                    help="also write WORK/e2e: one request's greedy tokens and the reference's streamed audio")
+    ap.add_argument("--text", default=E2E_TEXT, help="the --e2e request's text (one sentence)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     t0 = time.time()
@@ -138,7 +231,8 @@ def main():
     run_module(__package__ + ".export", [model_dir, out_dir, "--chunk-flow",
                                          "--flow-noise", os.path.join(a.work, "flow_noise.f32"),
                                          "--hift-noise", os.path.join(a.work, "hift_noise.f32"),
-                                         "--random-voice", "bench:5"], check=True)
+                                         "--random-voice", "bench:5"]
+               + (["--random-voice", E2E_VOICE] if a.e2e else []), check=True)
     log("exported (%.0f s); comparing" % (time.time() - t0))
 
     _, vtoks, vmel, vemb = parity.read_voice(out_dir, "bench", cfg.flow.mel, cfg.flow.spk_dim)
@@ -195,6 +289,9 @@ def main():
     report["tolerance_rel"] = TOL_REL
     report["pass"] = (all(report["summary"][k] <= TOL_REL for k in checked)
                       and report["summary"]["default_onnx_after_first"] <= TOL_REL)
+    if a.e2e:
+        report["e2e"] = stream_e2e(a, cfg, lm, flow, hift, out_dir)
+        log(json.dumps(report["e2e"], indent=2))
     report["seconds"] = round(time.time() - t0, 1)
     with open(a.report, "w") as f:
         json.dump(report, f, indent=2)
