@@ -79,6 +79,9 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 			slog.Warn("piper voice's decoder has weights beyond float16's range; they are set to ±65504", "voice", f.Stem, "weights", st.saturated, "of", st.weights, "largest", st.largest)
 		}
 		sp.decoder = g
+		if !r.rt.CUDA() {
+			slog.Warn("piper_precision float16 on the CPU provider: ONNX Runtime computes the decoder's float16 ops through casts to float32, slower than piper_precision float32", "voice", f.Stem)
+		}
 		// Channels-last convolutions: the layout of cuDNN's float16 tensor-core kernels
 		// (ort.VocoderCUDAOptions).
 		decCUDA = r.rt.VocoderCUDAOptions()
