@@ -85,7 +85,9 @@ gpus() {
 # GPU_MANIFEST is the staged export (default models/tiny-cosyvoice3, float32, with flow.chunk_step:
 # TestChunkFlowOnGPU; the other staged tests need an export with flow.step and lm.cache: shared,
 # BIG's), VOX the VoxCPM export (voxcpm.test runs only where $VOX/pipeline.yaml exists).
-# PROVIDER=cpu runs the tests' own logic on the CPU (no GPU needed).
+# PROVIDER=cpu runs the tests' own logic on the CPU (no GPU needed). VOXMUX_GPU_WAVS=DIR (an
+# absolute path) has piper's TestPiperFloat16OnGPU write jenny's float32 and float16 audio there,
+# for scripts/piper-fp16-wer.sh DIR.
 gputests() {
   local tb=${TESTBIN:-$repo/testbin} provider=${PROVIDER:-cuda} rc=0 pkg
   local manifest=${GPU_MANIFEST:-$repo/models/tiny-cosyvoice3/pipeline.yaml}
@@ -106,7 +108,7 @@ gputests() {
     (cd "$repo/instance/$pkg" && env "${env[@]}" "$tb/$pkg.test" -test.run "${GPU_RUN:-$run}" -test.v -test.count=1) \
       > "$logs/gputests-$pkg.log" 2>&1 || rc=1
     grep -E '^(--- |ok|FAIL|PASS)' "$logs/gputests-$pkg.log" | grep -v '^PASS$'
-    grep -E 'relative rms|within|per run|on the CPU provider|copy nodes|against the CPU' "$logs/gputests-$pkg.log" | grep -v '  on the CPU provider: ' | sed 's/^ */   /'
+    grep -E 'relative rms|within|per run|on the CPU provider|copy nodes|against the CPU|float16 .* rel rms' "$logs/gputests-$pkg.log" | grep -v '  on the CPU provider: ' | sed 's/^ */   /'
   done
   [ $rc = 0 ] && echo "gputests: PASS" || echo "gputests: FAIL (logs in $logs/gputests-*.log)"
   return $rc
@@ -117,9 +119,12 @@ gputests() {
 # requests one at a time (TTFB P50/P95), then a sweep at LEVELS (1,16,64,256) for throughput.
 # Reports go to $LOGS/piperfirst/{ttfb,sweep}/bench.md. Targets: first audio P50 ≤ 40 ms at one
 # stream, ≥ 1000× real time at 256 streams. PROVIDER=cpu serves on the CPU instead (a check of this
-# step, not a measurement).
+# step, not a measurement). PIPER_PRECISION=float16 serves the chunked side with piper_precision:
+# float16 (the sentences side stays float32, which whole sentences need), its reports in
+# $LOGS/piperfirst-float16.
 piperfirst() (
-  provider=${PROVIDER:-cuda} out=$logs/piperfirst
+  provider=${PROVIDER:-cuda} precision=${PIPER_PRECISION:-float32} out=$logs/piperfirst
+  [ "$precision" = float32 ] || out=$logs/piperfirst-$precision
   voice=${JENNY:-$repo/models/voices/en_GB-jenny_dioco-medium.onnx}
   name=$(basename "$voice" .onnx)
   rm -rf "$out" && mkdir -p "$out/voices" || exit 1
@@ -140,7 +145,7 @@ groups:
   - {name: g0, gpus: $gpus, instances: 1, max_inflight: 256, engine: $2}
 YAML
   }
-  cfg 8092 "{}" > "$out/chunked.yaml"
+  cfg 8092 "{piper_precision: $precision}" > "$out/chunked.yaml"
   cfg 8093 "{piper_decode: sentences}" > "$out/sentences.yaml"
   pids=()
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null' EXIT
@@ -148,7 +153,7 @@ YAML
   "$bin" serve --config "$out/sentences.yaml" > "$out/serve-sentences.log" 2>&1 & pids+=($!)
   wait_ready http://127.0.0.1:8092 300 "${pids[0]}" || { echo "chunked: not ready"; tail -20 "$out/serve-chunked.log"; exit 1; }
   wait_ready http://127.0.0.1:8093 300 "${pids[1]}" || { echo "sentences: not ready"; tail -20 "$out/serve-sentences.log"; exit 1; }
-  label="$name on $device, provider $provider, voxmux $("$bin" version | cut -d' ' -f2)"
+  label="$name on $device, provider $provider, chunked decoder in $precision, voxmux $("$bin" version | cut -d' ' -f2)"
   "$bin" bench --url http://127.0.0.1:8092 --name chunked --compare http://127.0.0.1:8093 --compare-name sentences \
     --concurrency 1 --compare-concurrency 1 --requests-per-level "${N:-24}" --warmup 4 --format wav --quiet \
     --label "$label: first audio, one request at a time" --out "$out/ttfb" || exit 1

@@ -52,9 +52,6 @@ func transcribe(t *testing.T, url, voice string) []string {
 // transcribeAt is transcribe at a speed; seconds is the audio's length, all sentences together.
 func transcribeAt(t *testing.T, url, voice string, speed float64) (hyps []string, seconds float64) {
 	t.Helper()
-	if _, err := exec.LookPath("pocketsphinx_continuous"); err != nil {
-		t.Fatal("pocketsphinx_continuous is not installed (Debian: pocketsphinx pocketsphinx-en-us; make deps)")
-	}
 	dir := t.TempDir()
 	for i, s := range asrSentences {
 		body, _ := json.Marshal(map[string]any{"input": s, "voice": voice, "response_format": "wav", "speed": speed})
@@ -63,19 +60,71 @@ func transcribeAt(t *testing.T, url, voice string, speed float64) (hyps []string
 			t.Fatalf("%q: status %d: %.200s", s, code, wav)
 		}
 		seconds += float64(len(wav)-44) / 2 / float64(binary.LittleEndian.Uint32(wav[24:28])) // 16-bit mono
-		in, out := filepath.Join(dir, fmt.Sprintf("%d.wav", i)), filepath.Join(dir, fmt.Sprintf("%d.16k.wav", i))
+		in := filepath.Join(dir, fmt.Sprintf("%d.wav", i))
 		os.WriteFile(in, wav, 0o644)
-		// pocketsphinx's acoustic model wants 16 kHz mono.
-		if b, err := exec.Command("ffmpeg", "-loglevel", "error", "-y", "-i", in, "-ar", "16000", "-ac", "1", out).CombinedOutput(); err != nil {
-			t.Fatalf("ffmpeg: %v\n%s", err, b)
-		}
-		hyp, err := exec.Command("pocketsphinx_continuous", "-infile", out, "-logfn", os.DevNull).Output()
-		if err != nil {
-			t.Fatalf("pocketsphinx: %v", err)
-		}
-		hyps = append(hyps, strings.TrimSpace(string(hyp)))
+		hyps = append(hyps, pocketsphinx(t, in))
 	}
 	return hyps, seconds
+}
+
+// pocketsphinx transcribes a WAV file.
+func pocketsphinx(t *testing.T, in string) string {
+	t.Helper()
+	if _, err := exec.LookPath("pocketsphinx_continuous"); err != nil {
+		t.Fatal("pocketsphinx_continuous is not installed (Debian: pocketsphinx pocketsphinx-en-us; make deps)")
+	}
+	// pocketsphinx's acoustic model wants 16 kHz mono.
+	out := filepath.Join(t.TempDir(), "16k.wav")
+	if b, err := exec.Command("ffmpeg", "-loglevel", "error", "-y", "-i", in, "-ar", "16000", "-ac", "1", out).CombinedOutput(); err != nil {
+		t.Fatalf("ffmpeg: %v\n%s", err, b)
+	}
+	hyp, err := exec.Command("pocketsphinx_continuous", "-infile", out, "-logfn", os.DevNull).Output()
+	if err != nil {
+		t.Fatalf("pocketsphinx: %v", err)
+	}
+	return strings.TrimSpace(string(hyp))
+}
+
+// TestPiperWAVsWER reports (VOXMUX_WER_WAVS=DIR; a report, not a check) the word error rate of
+// WAV files made elsewhere, as instance/piper's TestPiperFloat16OnGPU writes them:
+// VOICE-I.VARIANT.wav, the text it speaks in VOICE-I.txt. It logs one line per voice and variant,
+//
+//	WER VOICE VARIANT: W over N sentences; heard [...]
+//
+// scripts/piper-fp16-wer.sh runs it.
+func TestPiperWAVsWER(t *testing.T) {
+	dir := os.Getenv("VOXMUX_WER_WAVS")
+	if dir == "" {
+		t.Skip("a measurement: VOXMUX_WER_WAVS=DIR runs it on DIR's WAV files")
+	}
+	wavs, err := filepath.Glob(filepath.Join(dir, "*.wav"))
+	if err != nil || len(wavs) == 0 {
+		t.Fatalf("no WAV files in %s (%v)", dir, err)
+	}
+	slices.Sort(wavs)
+	type key struct{ voice, variant string }
+	refs, hyps := map[key][]string{}, map[key][]string{}
+	var keys []key
+	for _, w := range wavs {
+		stem, variant, ok := strings.Cut(strings.TrimSuffix(filepath.Base(w), ".wav"), ".")
+		i := strings.LastIndex(stem, "-")
+		if !ok || i < 0 {
+			t.Fatalf("%s: not named VOICE-I.VARIANT.wav", w)
+		}
+		ref, err := os.ReadFile(filepath.Join(dir, stem+".txt"))
+		if err != nil {
+			t.Fatalf("%s: its text: %v", w, err)
+		}
+		k := key{stem[:i], variant}
+		if _, seen := refs[k]; !seen {
+			keys = append(keys, k)
+		}
+		refs[k] = append(refs[k], strings.TrimSpace(string(ref)))
+		hyps[k] = append(hyps[k], pocketsphinx(t, w))
+	}
+	for _, k := range keys {
+		t.Logf("WER %s %s: %.3f over %d sentences; heard %q", k.voice, k.variant, wer(refs[k], hyps[k]), len(refs[k]), hyps[k])
+	}
 }
 
 // wer is the word error rate of hyps against refs: word edits (substitutions, insertions,

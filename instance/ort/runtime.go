@@ -340,13 +340,31 @@ func memoryLimit(l tts.MemoryLimit, device int) (uint64, error) {
 // SessionFromData loads a graph held in memory (one a model family edited after reading it) with
 // the shared options; name tells its profile apart.
 func (r *Runtime) SessionFromData(name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
+	return r.loadData(r.opts, name, data, inputs, outputs)
+}
+
+// SessionFromDataWith loads a graph held in memory with the shared options' CUDA provider options
+// replaced by cuda; with none, it uses the shared options.
+func (r *Runtime) SessionFromDataWith(cuda map[string]string, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
+	if len(cuda) == 0 {
+		return r.SessionFromData(name, data, inputs, outputs)
+	}
+	opts, err := r.sessionOptions(cuda)
+	if err != nil {
+		return nil, err
+	}
+	defer opts.Destroy()
+	return r.loadData(opts, name, data, inputs, outputs)
+}
+
+func (r *Runtime) loadData(opts *onnxrt.SessionOptions, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
 	if r.profile != "" {
-		if err := r.opts.EnableProfiling(r.ProfilePrefix(name)); err != nil {
+		if err := opts.EnableProfiling(r.ProfilePrefix(name)); err != nil {
 			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
 		}
-		defer r.opts.DisableProfiling()
+		defer opts.DisableProfiling()
 	}
-	s, err := onnxrt.NewDynamicAdvancedSessionWithONNXData(data, inputs, outputs, r.opts)
+	s, err := onnxrt.NewDynamicAdvancedSessionWithONNXData(data, inputs, outputs, opts)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", name, err)
 	}

@@ -31,6 +31,8 @@ type piperOptions struct {
 	// Chunks: decode sentences in chunks of FirstChunk frames, doubling up to Chunk (chunked.go).
 	Chunks            bool
 	FirstChunk, Chunk int
+	// Float16: the chunked decoder runs converted to float16 (float16.go).
+	Float16 bool
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -59,6 +61,7 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.Chunks = e.Decode != DecodeSentences
 	o.FirstChunk = cmp.Or(e.FirstChunk, piperFirstChunk)
 	o.Chunk = max(cmp.Or(e.Chunk, piperChunk), o.FirstChunk)
+	o.Float16 = e.Precision == Float16
 	return o
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -67,7 +68,25 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 	if sp.decoderSID {
 		decIn = append(decIn, "sid")
 	}
-	dec, err := r.rt.SessionFromData("piper-decoder", sp.decoder, decIn, []string{"output"})
+	var decCUDA map[string]string
+	if r.opts.Float16 {
+		g, st, err := decoderFloat16(sp.decoder)
+		if err != nil {
+			front.Destroy()
+			return nil, "", fmt.Errorf("piper voice %s: piper_precision float16: %w", f.Path, err)
+		}
+		if st.saturated > 0 {
+			slog.Warn("piper voice's decoder has weights beyond float16's range; they are set to ±65504", "voice", f.Stem, "weights", st.saturated, "of", st.weights, "largest", st.largest)
+		}
+		sp.decoder = g
+		if !r.rt.CUDA() {
+			slog.Warn("piper_precision float16 on the CPU provider: ONNX Runtime computes the decoder's float16 ops through casts to float32, slower than piper_precision float32", "voice", f.Stem)
+		}
+		// Channels-last convolutions: the layout of cuDNN's float16 tensor-core kernels
+		// (ort.VocoderCUDAOptions).
+		decCUDA = r.rt.VocoderCUDAOptions()
+	}
+	dec, err := r.rt.SessionFromDataWith(decCUDA, "piper-decoder", sp.decoder, decIn, []string{"output"})
 	if err != nil {
 		front.Destroy()
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)

@@ -2,7 +2,13 @@ package piper
 
 import (
 	"cmp"
+	"encoding/binary"
+	"fmt"
+	"math"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/voxmux/voxmux/tts"
@@ -144,5 +150,207 @@ func TestPiperOnGPU(t *testing.T) {
 				t.Errorf("%s, speed %g: batched differs from alone by %.6f (%.6f away from the edges)", f.Stem, sp, d, inner)
 			}
 		}
+	}
+}
+
+// piperASRSentences are the sentences cmd/voxmux's ASR test has pocketsphinx transcribe
+// (asrSentences there): everyday sentences its general English model recognizes from a real voice.
+var piperASRSentences = []string{
+	"The weather is nice today, so we will walk to the park.",
+	"Please call me back when you get home tonight.",
+	"I would like a cup of coffee and a glass of water.",
+	"The children are playing in the garden after school.",
+}
+
+// float16GPURMS bounds the float16 decoder's audio against float32's on the GPU, as relative rms
+// of the raw audio. float16 keeps 11 significant bits (unit roundoff 4.9e-4), and HiFi-GAN runs
+// about 30 convolutions in series, each rounding its output to float16: the rounding errors add
+// up to between √30 and 30 roundoffs, 2.7e-3 to 1.5e-2 (cuDNN accumulates float16 convolutions in
+// float32, so the sums themselves add little). On the CPU the weights' rounding alone gives
+// 4e-4 (TestPiperFloat16OnCPU). 2e-2 is −34 dB under the speech, below what a listener or
+// pocketsphinx tells apart, and a conversion that breaks (an overflow, a wrong cast) gives 1 or
+// NaN.
+const float16GPURMS = 2e-2
+
+// On a GPU host (VOXMUX_GPU_PIPER=1), piper_precision float16's decoder gives float32's audio
+// within float16GPURMS for jenny and the tiny VITS voices, decoded whole and in chunks from the
+// same latent (the front runs once, in float32, with the voice's noise as served). It logs, per
+// voice,
+//
+//	float16 VOICE on PROVIDER: whole rel rms R max abs M; chunked rel rms R max abs M; N sentences
+//
+// with the worst sentence's figures. With VOXMUX_GPU_WAVS=DIR it writes each ASR sentence's jenny
+// chunked audio there as VOICE-I.float32.wav and VOICE-I.float16.wav (16-bit, peak-normalized as
+// the server does for a whole sentence) beside VOICE-I.txt, its text, for
+// scripts/piper-fp16-wer.sh. VOXMUX_GPU_PROVIDER=cpu runs it on the CPU.
+func TestPiperFloat16OnGPU(t *testing.T) {
+	if os.Getenv("VOXMUX_GPU_PIPER") == "" {
+		t.Skip("VOXMUX_GPU_PIPER not set: this test needs a GPU")
+	}
+	provider := cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")
+	wavs := os.Getenv("VOXMUX_GPU_WAVS")
+	if wavs != "" {
+		if err := os.MkdirAll(wavs, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ph := testPhonemizer(t)
+	for _, c := range []struct {
+		path   string
+		sid    int64
+		speech bool // a real voice: its WAV files are written (the tiny ones speak tones)
+	}{{jennyVoice, 0, true}, {tinyVITSEN, 0, false}, {tinyVITSMulti, 1, false}} {
+		if _, err := os.Stat(c.path); err != nil {
+			t.Fatal(err)
+		}
+		s32 := gpuRunner(t, c.path, provider, Options{})
+		s16 := gpuRunner(t, c.path, provider, Options{Precision: Float16})
+		if s32.chunks == nil || s16.chunks == nil || !s16.opts.Float16 {
+			t.Fatalf("%s: not decoded in chunks in float16", c.path)
+		}
+		f := s32.file
+		// The front samples noise as served, once: both decoders decode the same latent.
+		inf := f.Config.Inference
+		served := [3]float32{deref(inf.NoiseScale, piperNoiseScale), deref(inf.LengthScale, piperLengthScale), deref(inf.NoiseW, piperNoiseW)}
+		var worst [4]float64 // whole rel rms, max abs; chunked rel rms, max abs
+		n := 0
+		for i, text := range piperASRSentences {
+			sents, err := f.sentences(ph, text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var audio [2][]float32
+			for _, sent := range sents {
+				ls, err := s32.chunks.runFront(f, [][]int64{sent.IDs}, []int64{c.sid}, atSpeed(s32, 1, 1), served)
+				if err != nil {
+					t.Fatal(err)
+				}
+				l := &ls[0]
+				var whole, chunked [2][]float32
+				for k, s := range []*piperSession{s32, s16} {
+					out, err := s.chunks.decode(f, []window{{l: l, sid: c.sid, hi: l.frames, to: l.frames}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					whole[k] = out[0]
+					chunked[k] = decodeChunks(t, s.chunks, f, l, c.sid, s.chunks.split.left, s.chunks.split.right)
+					audio[k] = append(audio[k], chunked[k]...)
+				}
+				for j, p := range [][2][]float32{whole, chunked} {
+					if len(p[0]) != len(p[1]) {
+						t.Fatalf("%s: %d samples in float32, %d in float16", f.Stem, len(p[0]), len(p[1]))
+					}
+					rel, mx := float16Diff(p[0], p[1])
+					if math.IsNaN(rel) || math.IsNaN(mx) {
+						worst[2*j], worst[2*j+1] = math.NaN(), math.NaN()
+					} else if !math.IsNaN(worst[2*j]) {
+						worst[2*j], worst[2*j+1] = max(worst[2*j], rel), max(worst[2*j+1], mx)
+					}
+				}
+				n++
+			}
+			if wavs != "" && c.speech {
+				name := filepath.Join(wavs, fmt.Sprintf("%s-%d", f.Stem, i))
+				for k, prec := range []Precision{Float32, Float16} {
+					writeWAV16(t, name+"."+string(prec)+".wav", f.Config.Audio.SampleRate, audio[k])
+				}
+				if err := os.WriteFile(name+".txt", []byte(text+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		t.Logf("float16 %s on %s: whole rel rms %.3g max abs %.3g; chunked rel rms %.3g max abs %.3g; %d sentences",
+			f.Stem, provider, worst[0], worst[1], worst[2], worst[3], n)
+		if !(worst[0] <= float16GPURMS && worst[2] <= float16GPURMS) {
+			t.Errorf("%s on %s: float16's audio is rel rms %.3g (whole), %.3g (chunked) from float32's, over %g", f.Stem, provider, worst[0], worst[2], float16GPURMS)
+		}
+	}
+}
+
+// writeWAV16 writes pcm, scaled to its peak as a whole sentence is (normalizePeak), as a mono
+// 16-bit WAV file.
+func writeWAV16(t *testing.T, path string, rate int, pcm []float32) {
+	t.Helper()
+	pcm = slices.Clone(pcm)
+	normalizePeak(pcm)
+	b := make([]byte, 0, 44+2*len(pcm))
+	b = append(b, "RIFF"...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(36+2*len(pcm)))
+	b = append(b, "WAVEfmt "...)
+	for _, v := range []uint32{16, 1 | 1<<16, uint32(rate), uint32(2 * rate), 2 | 16<<16} { // PCM, mono, 16-bit
+		b = binary.LittleEndian.AppendUint32(b, v)
+	}
+	b = append(b, "data"...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(2*len(pcm)))
+	for _, x := range pcm {
+		b = binary.LittleEndian.AppendUint16(b, uint16(int16(math.Round(float64(x)*32767))))
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkPiperDecoderPrecision runs jenny's decoder over batches of chunks, float32 against
+// float16, on VOXMUX_GPU_PROVIDER (default cuda; VOXMUX_GPU_PIPER=1 needed): each op is one
+// decoder run of `rows` windows of 256 frames with the receptive field's context on each side
+// (a later chunk at piper_chunk's default), the first sentence's latent repeated. It reports
+// audio seconds decoded per second. Run it with
+//
+//	VOXMUX_GPU_PIPER=1 go test -run '^$' -bench PiperDecoderPrecision -benchtime 20x ./instance/piper/
+func BenchmarkPiperDecoderPrecision(b *testing.B) {
+	if os.Getenv("VOXMUX_GPU_PIPER") == "" {
+		b.Skip("VOXMUX_GPU_PIPER not set")
+	}
+	provider := cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")
+	ph := testPhonemizer(b)
+	text := strings.Join(piperASRSentences, " ")
+	for _, prec := range []Precision{Float32, Float16} {
+		r, _, err := openPiper(tts.LoadConfig{Manifest: jennyVoice, Provider: provider, ORTLibrary: ortLibrary(b), Engine: section(b, Options{Precision: prec})})
+		if err != nil {
+			b.Fatal(err)
+		}
+		s, release, err := r.cache.acquire(r.m.Files[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		f := s.file
+		// One long latent: the ASR sentences as one row (no sentence split: ids joined).
+		sents, err := f.sentences(ph, text)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var ids []int64
+		for _, st := range sents {
+			ids = append(ids, st.IDs...)
+		}
+		ls, err := s.chunks.runFront(f, [][]int64{ids}, []int64{0}, atSpeed(s, 1, 1), f.scales)
+		if err != nil {
+			b.Fatal(err)
+		}
+		l := &ls[0]
+		c := s.chunks
+		from := min(c.split.left, l.frames-1)
+		w := c.chunkWindow(l, 0, from, min(from+piperChunk, l.frames))
+		for _, rows := range []int{1, 16, 64} {
+			ws := make([]window, rows)
+			for i := range ws {
+				ws[i] = w
+			}
+			b.Run(fmt.Sprintf("%s/rows=%d", prec, rows), func(b *testing.B) {
+				if _, err := c.decode(f, ws); err != nil { // planned outside the timing
+					b.Fatal(err)
+				}
+				b.ResetTimer()
+				for range b.N {
+					if _, err := c.decode(f, ws); err != nil {
+						b.Fatal(err)
+					}
+				}
+				audio := float64(rows*(w.to-w.from)*c.split.hop) / float64(f.Config.Audio.SampleRate)
+				b.ReportMetric(audio*float64(b.N)/b.Elapsed().Seconds(), "audio-s/s")
+			})
+		}
+		release()
+		r.Close()
 	}
 }

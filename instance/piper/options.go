@@ -31,6 +31,24 @@ type Options struct {
 	// Chunk is the most frames of a later chunk, 1 to 4096: chunks double from FirstChunk up to
 	// it. 0: 256.
 	Chunk int `json:"piper_chunk"`
+	// Precision is the float type the voice's decoder computes in: "float32" (the default), or
+	// "float16", the decoder graph converted in memory for the GPU's float16 convolutions
+	// (float16.go; docs/piper.md, "Precision"). float16 needs piper_decode chunks, which splits
+	// the decoder off.
+	Precision Precision `json:"piper_precision"`
+}
+
+// Precision is the decoder's float type (piper_precision).
+type Precision string
+
+const (
+	Float32 Precision = "float32"
+	Float16 Precision = "float16"
+)
+
+func (p *Precision) UnmarshalText(b []byte) (err error) {
+	*p, err = engine.ParseEnum(b, Float32, Float16)
+	return err
 }
 
 // Decode is how a sentence's audio is made (piper_decode).
@@ -74,6 +92,9 @@ func (o Options) Validate() error {
 		if r.v < 0 || r.v > r.most {
 			return &tts.OptionError{Key: r.key, Msg: fmt.Sprintf("%d is not a number from 1 to %d", r.v, r.most)}
 		}
+	}
+	if o.Precision == Float16 && o.Decode == DecodeSentences {
+		return &tts.OptionError{Key: "piper_precision", Msg: "float16 converts the decoder that piper_decode chunks splits off the voice's graph; it cannot be used with piper_decode sentences"}
 	}
 	return nil
 }

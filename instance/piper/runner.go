@@ -92,6 +92,9 @@ func (r *Runner) load(f *piperFile) (*piperSession, error) {
 			}
 			return startPiperSession(&piperSession{chunks: c, file: f, opts: r.opts, lengths: true, speed: c.speed, r: r}), nil
 		}
+		if r.opts.Float16 {
+			return nil, fmt.Errorf("piper voice %s: engine option piper_precision float16 converts the decoder that chunked decoding splits off, and this voice cannot be decoded in chunks (%s); use piper_precision float32", f.Path, reason)
+		}
 		slog.Info("piper voice cannot be decoded in chunks; it runs whole sentences", "voice", f.Stem, "reason", reason)
 	}
 	out := []string{"output"}
