@@ -57,10 +57,13 @@ const (
 	stageLMDecode
 	stageFlow
 	stageVocoder
+	// stageFlowGraph counts the flow batches (also counted in stageFlow) that ran in a fixed
+	// shape: replays of CUDA graphs with flow_chunk_cuda_graph on, uncaptured with fixed.
+	stageFlowGraph
 	numStages
 )
 
-var stageNames = []string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+var stageNames = []string{"lm_prefill", "lm_decode", "flow", "vocoder", "flow_graph"}
 
 // The engine's policy numbers.
 const (
