@@ -3,6 +3,7 @@ package staged
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,7 +84,14 @@ const (
 )
 
 // Stats counts each stage's batches and the items they carried since the engine started.
-func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
+// flow_graph is there only where the flow runs fixed-shape batches.
+func (e *Engine) Stats() []tts.StageStats {
+	st := e.stats.Stats()
+	if c, ok := e.p.flows[0].(*flowChunks); ok && c.graphs != nil {
+		return st
+	}
+	return slices.DeleteFunc(st, func(s tts.StageStats) bool { return s.Stage == stageNames[stageFlowGraph] })
+}
 
 // NewEngine starts the engine's loops over p.
 func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowFrames(p.m), vocoderBatchFrames) }
