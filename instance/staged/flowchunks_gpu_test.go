@@ -260,9 +260,10 @@ func TestChunkFlowGraphsOnGPU(t *testing.T) {
 		t.Cleanup(func() { p.Close() })
 		return p.flows[0].(*flowChunks)
 	}
-	plain := open(`"flow_chunk_cuda_graph": "off", "flow_workers": 1`)
+	// The LM does not run here: no graphs of its own to capture.
+	plain := open(`"flow_chunk_cuda_graph": "off", "flow_workers": 1, "lm_cuda_graph": "off"`)
 	t0 := time.Now()
-	graphs := open(`"flow_chunk_cuda_graph": "on", "flow_workers": 1`)
+	graphs := open(`"flow_chunk_cuda_graph": "on", "flow_workers": 1, "lm_cuda_graph": "off"`)
 	g := graphs.graphs
 	if g == nil {
 		t.Fatal("flow_chunk_cuda_graph on made no buckets")
