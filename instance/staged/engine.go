@@ -3,6 +3,7 @@ package staged
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,10 +58,13 @@ const (
 	stageLMDecode
 	stageFlow
 	stageVocoder
+	// stageFlowGraph counts the flow batches (also counted in stageFlow) that ran in a fixed
+	// shape: replays of CUDA graphs with flow_chunk_cuda_graph on, uncaptured with fixed.
+	stageFlowGraph
 	numStages
 )
 
-var stageNames = []string{"lm_prefill", "lm_decode", "flow", "vocoder"}
+var stageNames = []string{"lm_prefill", "lm_decode", "flow", "vocoder", "flow_graph"}
 
 // The engine's policy numbers.
 const (
@@ -80,7 +84,14 @@ const (
 )
 
 // Stats counts each stage's batches and the items they carried since the engine started.
-func (e *Engine) Stats() []tts.StageStats { return e.stats.Stats() }
+// flow_graph is there only where the flow runs fixed-shape batches.
+func (e *Engine) Stats() []tts.StageStats {
+	st := e.stats.Stats()
+	if c, ok := e.p.flows[0].(*flowChunks); ok && c.graphs != nil {
+		return st
+	}
+	return slices.DeleteFunc(st, func(s tts.StageStats) bool { return s.Stage == stageNames[stageFlowGraph] })
+}
 
 // NewEngine starts the engine's loops over p.
 func NewEngine(p *Pipeline) *Engine { return newEngine(p, flowFrames(p.m), vocoderBatchFrames) }

@@ -82,7 +82,7 @@ type flowRunner interface {
 // newFlow opens one flow worker of the kind the manifest's graphs call for.
 func newFlow(rt *ort.Runtime, m *Manifest, opt options, prompts *promptCache, mem *flowMemory) (flowRunner, error) {
 	if m.Flow.ChunkStep != "" {
-		c, err := newFlowChunks(rt, m, prompts, mem)
+		c, err := newFlowChunks(rt, m, opt, prompts, mem)
 		if err != nil {
 			return nil, err
 		}

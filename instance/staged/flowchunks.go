@@ -18,16 +18,20 @@ import (
 // ignores a row's past frames from its start on. The kept keys and values, the kept frames'
 // samples and every step's inputs stay in the session's memory (the GPU): a run copies its inputs
 // there once, queues its Euler steps and the device-to-device copies between them on the
-// session's stream without waiting, and copies the last step's samples back once. Runs uncaptured
-// (no CUDA graphs): a batch's shape changes with its past lengths.
+// session's stream without waiting, and copies the last step's samples back once. A batch's
+// shape changes with its past lengths: small batches run in fixed shapes (graphs, with
+// flow_chunk_cuda_graph), captured as CUDA graphs on a GPU; the rest in their own shapes.
 type flowChunks struct {
 	m         *Manifest
 	enc, step *iobind.Session
 	cache     *promptCache
 	mem       *flowMemory
 	elem      iobind.Elem // the kept keys' and values' type (the manifest's dtype)
-	// last is what the latest compute moved between host and device memory, and waited for.
-	last chunkIO
+	graphs    *chunkGraphs
+	// last is what the latest compute moved between host and device memory, and waited for;
+	// lastBucket the bucket it ran in (nil: its own shape).
+	last       chunkIO
+	lastBucket *chunkBucket
 }
 
 // chunkIO counts one run's copies between host and device memory and its waits for the device
@@ -165,7 +169,7 @@ func (m *Manifest) chunkRunBytes(B, P, N int) int64 {
 	return int64(B*(P+N))*m.chunkFrameBytes() + in + work + int64(B)*8
 }
 
-func newFlowChunks(rt *ort.Runtime, m *Manifest, cache *promptCache, mem *flowMemory) (*flowChunks, error) {
+func newFlowChunks(rt *ort.Runtime, m *Manifest, opt options, cache *promptCache, mem *flowMemory) (*flowChunks, error) {
 	if m.noise == nil {
 		return nil, fmt.Errorf("flow.chunk_step needs flow.noise: a voice's kept frames must not depend on a request's seed")
 	}
@@ -187,6 +191,12 @@ func newFlowChunks(rt *ort.Runtime, m *Manifest, cache *promptCache, mem *flowMe
 		s.enc.Close()
 		return nil, fmt.Errorf("flow chunk step: %w", err)
 	}
+	if opt.chunkGraph == FlowGraphOn || opt.chunkGraph == FlowGraphFixed {
+		if s.graphs, err = newChunkGraphs(rt, s, opt); err != nil {
+			s.close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -200,6 +210,7 @@ func (s *flowChunks) frameBytes() int64 {
 func (s *flowChunks) fit(n, tokens int) int { return n }
 
 func (s *flowChunks) close() error {
+	s.graphs.close()
 	s.enc.Close()
 	s.step.Close()
 	return nil
@@ -240,6 +251,16 @@ func (m *Manifest) chunkTokFrom(from int) int {
 // run computes each job's frames and returns their mel, channel-major [mel][end−from]; each
 // job's span.from is where its mel starts.
 func (s *flowChunks) run(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
+	var out [][]float32
+	err := s.graphs.do(func() (err error) {
+		out, err = s.runOn(jobs, stop)
+		return err
+	})
+	return out, err
+}
+
+// runOn is run on the thread that owns the CUDA graphs.
+func (s *flowChunks) runOn(jobs []flowJob, stop <-chan struct{}) ([][]float32, error) {
 	rows := make([]*chunkRow, len(jobs))
 	var grant *flowGrant
 	for i, j := range jobs {
@@ -353,10 +374,16 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 		N = max(N, r.end-r.st.done())
 		P = max(P, r.st.done())
 	}
+	// In a bucket the batch is padded to its shape: rows past B are all masked.
+	bk := s.graphs.bucket(B, P, N)
+	s.lastBucket = bk
+	if bk != nil {
+		B, P, N = bk.B, bk.P, bk.N
+	}
 	W := C + N
 	inParts, workParts := s.m.chunkIn(B, N), s.m.chunkWork(B, N)
 	inOff, inBytes := chunkLayout(inParts)
-	workOff, workBytes := chunkLayout(workParts)
+	workOff, _ := chunkLayout(workParts)
 	host := make([]float32, inBytes/4)
 	part := func(i int) []float32 {
 		n := int64(1)
@@ -407,9 +434,6 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 	part(inCFG)[0] = f.CFGStrength
 
 	fb, cb := s.frameBytes(), s.m.chunkCtxBytes()
-	kvShape := func(frames int) []int64 {
-		return []int64{int64(B), int64(frames), int64(f.KVLayers), 4, int64(f.KVWidth)}
-	}
 	// Each row's kept frames and context samples, allocated exactly; they join the row's state
 	// once every step ran.
 	segs, ctxs := make([]*iobind.Tensor, B), make([]*iobind.Tensor, B)
@@ -439,100 +463,39 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 			return nil, fmt.Errorf("flow chunk step, keeping %d frames' samples: %w", r.keep, err)
 		}
 	}
-	scratch := s.m.chunkRunBytes(B, P, N)
-	if err := grant.take(s.mem, scratch); err != nil {
-		return nil, err
-	}
-	defer s.mem.free(scratch)
-
-	// The run's own tensors, released once the session's stream has run everything queued.
-	var own []*iobind.Tensor
-	queued := false
-	defer func() {
-		if queued {
-			_ = s.step.Wait()
+	// The run's tensors: a bucket's (counted in flowMemory with the buckets), else its own,
+	// released once the session's stream has run everything queued.
+	rt := &chunkRunTensors{sess: s.step}
+	defer rt.release()
+	if bk != nil {
+		rt.sess, rt.past, rt.present, rt.in, rt.work, rt.start, rt.xNext, rt.run = s.graphs.sess, bk.past, bk.present, bk.in, bk.work, bk.start, bk.xNext, bk.run
+	} else {
+		scratch := s.m.chunkRunBytes(B, P, N)
+		if err := grant.take(s.mem, scratch); err != nil {
+			return nil, err
 		}
-		for i := len(own) - 1; i >= 0; i-- {
-			own[i].Release()
+		defer s.mem.free(scratch)
+		if err := s.ownTensors(rt, B, P, N); err != nil {
+			return nil, err
 		}
-	}()
-	alloc := func(shape []int64, e iobind.Elem) (*iobind.Tensor, error) {
-		t, err := s.step.AllocEmpty(shape, e)
-		if err != nil {
-			return nil, fmt.Errorf("flow chunk step: %w", err)
-		}
-		own = append(own, t)
-		return t, nil
 	}
-	view := func(t *iobind.Tensor, off int64, p chunkPart) (*iobind.Tensor, error) {
-		v, err := s.step.View(t, off, p.shape)
-		if err != nil {
-			return nil, fmt.Errorf("flow chunk step, %s: %w", p.name, err)
-		}
-		own = append(own, v)
-		return v, nil
-	}
-	past, err := alloc(kvShape(P), s.elem)
-	if err != nil {
-		return nil, err
-	}
-	present, err := alloc(kvShape(N), s.elem)
-	if err != nil {
-		return nil, err
-	}
-	in, err := alloc([]int64{inBytes / 4}, iobind.Float32)
-	if err != nil {
-		return nil, err
-	}
-	work, err := alloc([]int64{workBytes / 4}, iobind.Float32)
-	if err != nil {
-		return nil, err
-	}
-	startT, err := alloc([]int64{int64(B)}, iobind.Int64)
-	if err != nil {
-		return nil, err
-	}
+	sess, past, present, in, work, xNext := rt.sess, rt.past, rt.present, rt.in, rt.work, rt.xNext
 	if err := iobind.Upload(in, host); err != nil {
 		return nil, fmt.Errorf("flow chunk step, inputs: %w", err)
 	}
-	if err := iobind.Upload(startT, start); err != nil {
+	if err := iobind.Upload(rt.start, start); err != nil {
 		return nil, fmt.Errorf("flow chunk step, start: %w", err)
 	}
 	io.transfers += 2
 	io.syncs += 2
 	// Padding must read as zeros: a row's past beyond its own, context before frame 0, new
 	// frames past a row's own.
-	queued = true
+	rt.queued = true
 	for _, t := range []*iobind.Tensor{past, work} {
-		if err := s.step.ZeroOn(t); err != nil {
+		if err := sess.ZeroOn(t); err != nil {
 			return nil, fmt.Errorf("flow chunk step: %w", err)
 		}
 	}
-	inputs := map[string]*iobind.Tensor{s.m.Tensor("past_kv"): past, s.m.Tensor("start"): startT}
-	for _, i := range []int{inMask, inMu, inCond, inEmbedding, inCFG} {
-		v, err := view(in, inOff[i], inParts[i])
-		if err != nil {
-			return nil, err
-		}
-		inputs[s.m.Tensor(inParts[i].name)] = v
-	}
-	var xNext *iobind.Tensor
-	for _, i := range []int{workX, workXNext, workT, workDT} {
-		v, err := view(work, workOff[i], workParts[i])
-		if err != nil {
-			return nil, err
-		}
-		if i == workXNext {
-			xNext = v
-		} else {
-			inputs[s.m.Tensor(workParts[i].name)] = v
-		}
-	}
-	run, err := s.step.BindQueued(inputs, []iobind.Output{{Name: s.m.Tensor("x_next"), Into: xNext}, {Name: s.m.Tensor("present_kv"), Into: present}})
-	if err != nil {
-		return nil, fmt.Errorf("flow chunk step: %w", err)
-	}
-	defer run.Close()
 
 	const f4 = 4
 	b4, w4, n4, c4 := int64(B)*f4, int64(W)*f4, int64(N)*f4, int64(C)*f4
@@ -581,10 +544,10 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 				off += w
 			}
 		}
-		if err := s.step.CopiesOn(copies); err != nil {
+		if err := sess.CopiesOn(copies); err != nil {
 			return nil, fmt.Errorf("flow chunk step, inputs of step %d: %w", k, err)
 		}
-		if err := run.Run(); err != nil {
+		if err := rt.run.Run(); err != nil {
 			return nil, fmt.Errorf("flow chunk step: %w", err)
 		}
 		copies = copies[:0]
@@ -594,14 +557,14 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 				copies = append(copies, iobind.Copy{Dst: segs[b], DstOff: k64 * w, DstPitch: w, Src: present, SrcOff: int64(b*N) * fb, SrcPitch: w, Width: w, Height: 1})
 			}
 		}
-		if err := s.step.CopiesOn(copies); err != nil {
+		if err := sess.CopiesOn(copies); err != nil {
 			return nil, fmt.Errorf("flow chunk step, keeping: %w", err)
 		}
 	}
-	if err := s.step.Wait(); err != nil {
+	if err := sess.Wait(); err != nil {
 		return nil, fmt.Errorf("flow chunk step: %w", err)
 	}
-	queued = false
+	rt.queued = false
 	io.syncs++
 	next := make([]float32, B*M*N)
 	if err := iobind.Download(next, xNext); err != nil {
@@ -637,6 +600,89 @@ func (s *flowChunks) compute(rows []*chunkRow, stop <-chan struct{}, grant *flow
 		keptBytes -= n
 	}
 	return x, nil
+}
+
+// chunkRunTensors are the tensors one compute runs on and the session whose stream runs it.
+type chunkRunTensors struct {
+	sess                                  *iobind.Session
+	past, present, in, work, start, xNext *iobind.Tensor
+	run                                   *iobind.Bound
+	// own are the tensors and the run allocated for this compute alone; queued: work is queued
+	// on sess's stream that they may be read by.
+	own    []*iobind.Tensor
+	ownRun bool
+	queued bool
+}
+
+func (t *chunkRunTensors) release() {
+	if t.queued {
+		_ = t.sess.Wait()
+	}
+	if t.ownRun {
+		t.run.Close()
+	}
+	for i := len(t.own) - 1; i >= 0; i-- {
+		t.own[i].Release()
+	}
+}
+
+// ownTensors allocates a run's tensors in its own shape: B rows, P past and N new frames.
+func (s *flowChunks) ownTensors(t *chunkRunTensors, B, P, N int) error {
+	f := s.m.Flow
+	inParts, workParts := s.m.chunkIn(B, N), s.m.chunkWork(B, N)
+	inOff, inBytes := chunkLayout(inParts)
+	workOff, workBytes := chunkLayout(workParts)
+	var err error
+	alloc := func(shape []int64, e iobind.Elem) *iobind.Tensor {
+		if err != nil {
+			return nil
+		}
+		var a *iobind.Tensor
+		if a, err = s.step.AllocEmpty(shape, e); err == nil {
+			t.own = append(t.own, a)
+		}
+		return a
+	}
+	view := func(of *iobind.Tensor, off int64, p chunkPart) *iobind.Tensor {
+		if err != nil {
+			return nil
+		}
+		var v *iobind.Tensor
+		if v, err = s.step.View(of, off, p.shape); err == nil {
+			t.own = append(t.own, v)
+		} else {
+			err = fmt.Errorf("%s: %w", p.name, err)
+		}
+		return v
+	}
+	kvShape := func(frames int) []int64 {
+		return []int64{int64(B), int64(frames), int64(f.KVLayers), 4, int64(f.KVWidth)}
+	}
+	t.past = alloc(kvShape(P), s.elem)
+	t.present = alloc(kvShape(N), s.elem)
+	t.in = alloc([]int64{inBytes / 4}, iobind.Float32)
+	t.work = alloc([]int64{workBytes / 4}, iobind.Float32)
+	t.start = alloc([]int64{int64(B)}, iobind.Int64)
+	inputs := map[string]*iobind.Tensor{s.m.Tensor("past_kv"): t.past, s.m.Tensor("start"): t.start}
+	for _, i := range []int{inMask, inMu, inCond, inEmbedding, inCFG} {
+		inputs[s.m.Tensor(inParts[i].name)] = view(t.in, inOff[i], inParts[i])
+	}
+	for _, i := range []int{workX, workXNext, workT, workDT} {
+		v := view(t.work, workOff[i], workParts[i])
+		if i == workXNext {
+			t.xNext = v
+		} else {
+			inputs[s.m.Tensor(workParts[i].name)] = v
+		}
+	}
+	if err == nil {
+		t.run, err = s.step.BindQueued(inputs, []iobind.Output{{Name: s.m.Tensor("x_next"), Into: t.xNext}, {Name: s.m.Tensor("present_kv"), Into: t.present}})
+		t.ownRun = err == nil
+	}
+	if err != nil {
+		return fmt.Errorf("flow chunk step: %w", err)
+	}
+	return nil
 }
 
 func fill(n int, v float32) []float32 {

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/voxmux/voxmux/tts"
 )
@@ -231,5 +232,125 @@ func placement(t *testing.T, prefix string) {
 				t.Logf("  %s: %s, %d profile events", set.what, k, set.m[k])
 			}
 		}
+	}
+}
+
+// On a GPU host (VOXMUX_GPU_MANIFEST, ORT_LIB as TestChunkFlowOnGPU), the chunk-causal flow's
+// batches of 1, 2 and 3 rows run as replays of CUDA graphs captured at load
+// (flow_chunk_cuda_graph: on) give the mel of the same batches run uncaptured in their own
+// shapes on the GPU, within float32 rounding (1e-3 relative rms) for a float32 export and
+// float16 rounding (2e-2) for a float16 one. It logs the milliseconds of one flow run of one row
+// (a 50-frame chunk over the voice's kept frames and two of its own), captured and uncaptured.
+func TestChunkFlowGraphsOnGPU(t *testing.T) {
+	m := gpuManifest(t)
+	if m.Flow.ChunkStep == "" {
+		t.Skipf("%s has no flow.chunk_step", m.File)
+	}
+	tol := 1e-3
+	if m.DType == "float16" {
+		tol = 2e-2
+	}
+	provider := cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")
+	open := func(opts string) *flowChunks {
+		p, err := LoadPipeline(tts.LoadConfig{Manifest: m.File, Provider: provider, ORTLibrary: ortLibrary(t),
+			Engine: tts.EngineSection("{" + opts + "}")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		return p.flows[0].(*flowChunks)
+	}
+	// The LM does not run here: no graphs of its own to capture.
+	plain := open(`"flow_chunk_cuda_graph": "off", "flow_workers": 1, "lm_cuda_graph": "off"`)
+	t0 := time.Now()
+	graphs := open(`"flow_chunk_cuda_graph": "on", "flow_workers": 1, "lm_cuda_graph": "off"`)
+	g := graphs.graphs
+	if g == nil {
+		t.Fatal("flow_chunk_cuda_graph on made no buckets")
+	}
+	plainBuckets := 0
+	for _, b := range g.buckets {
+		if b.plain {
+			plainBuckets++
+		}
+	}
+	t.Logf("%s: %d buckets (rows %v, new frames %v, past frames up to %d), %d of them uncaptured after their check, %d MiB of buffers; the pipeline loaded in %v",
+		provider, len(g.buckets), g.rows, g.news, g.pasts[1][len(g.pasts[1])-1], plainBuckets, g.bytes>>20, time.Since(t0).Round(time.Millisecond))
+	if plainBuckets > 0 {
+		t.Errorf("%d buckets' replays differ from their uncaptured runs", plainBuckets)
+	}
+	var v *Voice
+	for _, name := range m.Voices {
+		if w := m.voice(name); w != nil && len(w.SpeechTokens) > 0 {
+			v = w
+			break
+		}
+	}
+	if v == nil {
+		t.Fatalf("%s: no voice with a prompt", m.File)
+	}
+	CF, R := m.Flow.ChunkFrames, m.Flow.FramesPerToken
+	P := len(v.SpeechTokens) * R
+	next := func(f int) int { return (f/CF + 1) * CF }
+	a1 := P + 8*R
+	a2 := next(a1)
+	rounds := []chunkRound{
+		{{0, a1, false}},
+		{{0, a2, false}, {1, 2 * CF, false}},
+		{{0, next(a2), false}, {1, 3 * CF, false}, {2, 8 * R, false}},
+		{{0, next(a2) + 17, true}, {1, 4 * CF, false}, {2, CF, false}},
+	}
+	want, _ := runChunkRounds(t, plain, v, rounds)
+	got, used := runChunkRounds(t, graphs, v, rounds)
+	worst := 0.0
+	for r := range rounds {
+		if used[r] == nil {
+			t.Errorf("round %d of %d rows ran in its own shape", r, len(rounds[r]))
+		}
+		for j := range rounds[r] {
+			d := chunkRelRMS(got[r][j], want[r][j])
+			worst = max(worst, d)
+			if !(d <= tol) {
+				t.Errorf("round %d row %d: relative rms %.3g against the uncaptured run", r, j, d)
+			}
+		}
+	}
+	t.Logf("captured against uncaptured: every row within %.3g relative rms", worst)
+
+	// One row's flow run over the voice's kept frames and two chunks of its own, keeping nothing
+	// (so every run is the same), captured and uncaptured.
+	for _, fc := range []*flowChunks{plain, graphs} {
+		st := &chunkKV{}
+		t.Cleanup(st.close)
+		if err := fc.attachVoice(st, v, v.Embedding, nil); err != nil {
+			t.Fatal(err)
+		}
+		toks := slices.Concat(v.SpeechTokens, make([]int64, 200))
+		for i := len(v.SpeechTokens); i < len(toks); i++ {
+			toks[i] = int64(1 + i%40)
+		}
+		run := func(end, keep int) {
+			from := m.chunkTokFrom(st.done())
+			row := &chunkRow{st: st, end: end, keep: keep, tokens: toks[from:], tokFrom: from, cond: v.Mel, emb: v.Embedding}
+			if err := fc.graphs.do(func() error { _, err := fc.compute([]*chunkRow{row}, nil, nil); return err }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, end := range []int{st.done() + CF, st.done() + 2*CF} {
+			run(end, end-st.done())
+		}
+		end := st.done() + CF
+		run(end, 0) // warm-up
+		const n = 20
+		t1 := time.Now()
+		for range n {
+			run(end, 0)
+		}
+		what := "uncaptured"
+		if fc.lastBucket != nil {
+			what = fmt.Sprintf("captured (bucket of %d rows, %d past, %d new frames)", fc.lastBucket.B, fc.lastBucket.P, fc.lastBucket.N)
+		}
+		t.Logf("one row, %d past frames, %d new: %.1f ms per flow run (%d Euler steps), %s",
+			st.done(), CF, float64(time.Since(t1).Microseconds())/1000/n, m.Flow.Steps, what)
 	}
 }

@@ -3,6 +3,7 @@ package staged
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -10,12 +11,14 @@ import (
 )
 
 // tinyChunkEngine serves the tiny CosyVoice3 export with flow.chunk_step on the CPU, its prompt
-// cache bounded to cacheBytes and its chunks ending as emit says; mels records each chunk's mel.
-func tinyChunkEngine(t *testing.T, cacheBytes int64, emit ChunkEmit) (*Engine, *melLog) {
+// cache bounded to cacheBytes and its chunks ending as emit says; extra are more engine options
+// (JSON members). mels records each chunk's mel.
+func tinyChunkEngine(t *testing.T, cacheBytes int64, emit ChunkEmit, extra ...string) (*Engine, *melLog) {
 	t.Helper()
 	c, _ := tinyChunkFlow(t) // skips (or fails) without the export
+	opts := append([]string{`"flow_chunk_emit": "` + string(emit) + `"`}, extra...)
 	p, err := LoadPipeline(tts.LoadConfig{Manifest: c.m.File, Provider: "cpu", ORTLibrary: ortLibrary(t),
-		Engine: tts.EngineSection(`{"flow_chunk_emit": "` + string(emit) + `"}`)})
+		Engine: tts.EngineSection("{" + strings.Join(opts, ", ") + "}")})
 	if err != nil {
 		t.Fatal(err)
 	}

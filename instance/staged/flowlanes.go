@@ -34,6 +34,8 @@ type flowRun struct {
 	err    error
 	// grant is the chunk-causal flow's memory reserved for the batch (flowMemory); nil without it.
 	grant *flowGrant
+	// fixed: the batch ran in one of the chunk-causal flow's fixed shapes (chunkGraphs).
+	fixed bool
 }
 
 // urgent reports whether the batch leads with a first chunk.
@@ -247,6 +249,9 @@ func (e *Engine) flowLoop() {
 				}
 			}
 			e.stats.CountFor(stageFlow, len(r.items), r.busy)
+			if r.fixed {
+				e.stats.CountFor(stageFlowGraph, len(r.items), r.busy)
+			}
 			e.flowDone(r, r.err)
 		case <-ready:
 		case <-e.wakeFlow:
@@ -267,8 +272,12 @@ func (e *Engine) runFlow(r *flowRun, done chan<- *flowRun) {
 	}
 	stop, unwatch := cancelledBatch(r.items, e.done)
 	t0 := time.Now()
-	r.mels, r.err = e.p.flows[r.worker].run(jobs, stop)
+	f := e.p.flows[r.worker]
+	r.mels, r.err = f.run(jobs, stop)
 	r.busy = time.Since(t0)
+	if c, ok := f.(*flowChunks); ok {
+		r.fixed = c.lastBucket != nil
+	}
 	r.grant.done()
 	unwatch()
 	if r.err != nil && r.items[0].s.ctx.Err() != nil && !isShutDown(e.done) {

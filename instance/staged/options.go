@@ -66,6 +66,14 @@ type Options struct {
 	FlowKVMemoryMB int `json:"flow_kv_memory_mb"`
 	// FlowChunkEmit is where a chunk-causal flow's chunks end. Unset: early.
 	FlowChunkEmit ChunkEmit `json:"flow_chunk_emit"`
+	// FlowChunkCUDAGraph is whether a chunk-causal flow's batches of up to flow_chunk_graph_rows
+	// rows run in fixed shapes captured at load as CUDA graphs (docs/cosyvoice3.md, "CUDA
+	// graphs"): on (fixed on the CPU), fixed (the same shapes uncaptured) or off (every batch in
+	// its own shape). Unset: defaultChunkGraph. Ignored without flow.chunk_step.
+	FlowChunkCUDAGraph FlowGraph `json:"flow_chunk_cuda_graph"`
+	// FlowChunkGraphRows is the most rows of a chunk-causal batch that runs in a fixed shape, 1 to
+	// 16; larger batches run in their own shape. 0: 4.
+	FlowChunkGraphRows int `json:"flow_chunk_graph_rows"`
 	// LMMinTokensPerTextToken replaces the manifest's lm.min_tokens_per_text_token, the fewest
 	// speech tokens a request's text token makes before the LM may end speech (CosyVoice's
 	// min_token_text_ratio, 2). 0: the manifest's. A benchmark with random weights sets it: such
@@ -223,6 +231,9 @@ func (o Options) Validate() error {
 	if o.FlowKVMemoryMB < 0 {
 		return &tts.OptionError{Key: "flow_kv_memory_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowKVMemoryMB)}
 	}
+	if o.FlowChunkGraphRows < 0 || o.FlowChunkGraphRows > 16 {
+		return &tts.OptionError{Key: "flow_chunk_graph_rows", Msg: fmt.Sprintf("%d is not a number of rows from 1 to 16", o.FlowChunkGraphRows)}
+	}
 	if o.FlowPromptCacheMB < 0 {
 		return &tts.OptionError{Key: "flow_prompt_cache_mb", Msg: fmt.Sprintf("%d is not a size in MiB", o.FlowPromptCacheMB)}
 	}
@@ -264,9 +275,26 @@ type options struct {
 	// flowKVBytes bounds the chunk-causal flow's device memory (Options.FlowKVMemoryMB).
 	flowKVBytes int64
 	chunkEmit   ChunkEmit
+	// chunkGraph is how the chunk-causal flow's small batches run (Options.FlowChunkCUDAGraph):
+	// on only on CUDA; chunkGraphRows the most rows such a batch has.
+	chunkGraph     FlowGraph
+	chunkGraphRows int
 	// minTokensPerTextToken is the LM's minimum speech tokens per text token: the option's, else
 	// the manifest's lm.min_tokens_per_text_token.
 	minTokensPerTextToken float64
+}
+
+// chunkGraphOnCUDA is flow_chunk_cuda_graph's default on CUDA: off until the captured chunk
+// steps are checked and timed against the uncaptured ones on a GPU (TestChunkFlowGraphsOnGPU).
+const chunkGraphOnCUDA = FlowGraphOff
+
+// defaultChunkGraph is flow_chunk_cuda_graph's default: chunkGraphOnCUDA on CUDA, off on the CPU
+// (nothing to capture; fixed shapes only pad).
+func defaultChunkGraph(cuda bool) FlowGraph {
+	if cuda {
+		return chunkGraphOnCUDA
+	}
+	return FlowGraphOff
 }
 
 // flowKVBytes is the chunk-causal flow's memory bound (Options.FlowKVMemoryMB): the option's, else
@@ -303,6 +331,8 @@ func resolveOptions(o Options, cuda bool, m *Manifest) options {
 		vocoderWindow:         o.VocoderWindow,
 		exactBatches:          o.ExactBatches,
 		chunkEmit:             o.FlowChunkEmit,
+		chunkGraph:            cmp.Or(o.FlowChunkCUDAGraph, defaultChunkGraph(cuda)),
+		chunkGraphRows:        cmp.Or(o.FlowChunkGraphRows, 4),
 		minTokensPerTextToken: cmp.Or(o.LMMinTokensPerTextToken, m.LM.MinTokensPerTextToken),
 	}
 	mb := int64(o.FlowPromptCacheMB)
@@ -327,6 +357,9 @@ func resolveOptions(o Options, cuda bool, m *Manifest) options {
 		if cuda {
 			r.flowGraph = FlowGraphOn
 		}
+	}
+	if r.chunkGraph == FlowGraphOn && !cuda {
+		r.chunkGraph = FlowGraphFixed
 	}
 	if r.flowWorkers == 0 {
 		r.flowWorkers = 1

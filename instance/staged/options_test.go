@@ -51,6 +51,28 @@ func TestResolveOptions(t *testing.T) {
 	}
 }
 
+// flow_chunk_cuda_graph: off by default on both providers, on is fixed on the CPU (nothing to
+// capture), and flow_chunk_graph_rows defaults to 4.
+func TestChunkGraphOptions(t *testing.T) {
+	m := &Manifest{}
+	for _, c := range []struct {
+		o    Options
+		cuda bool
+		want FlowGraph
+		rows int
+	}{
+		{Options{}, false, FlowGraphOff, 4},
+		{Options{}, true, chunkGraphOnCUDA, 4},
+		{Options{FlowChunkCUDAGraph: FlowGraphOn}, false, FlowGraphFixed, 4},
+		{Options{FlowChunkCUDAGraph: FlowGraphOn, FlowChunkGraphRows: 2}, true, FlowGraphOn, 2},
+		{Options{FlowChunkCUDAGraph: FlowGraphFixed}, true, FlowGraphFixed, 4},
+	} {
+		if got := resolveOptions(c.o, c.cuda, m); got.chunkGraph != c.want || got.chunkGraphRows != c.rows {
+			t.Errorf("%+v on cuda %v: %s of %d rows, want %s of %d", c.o, c.cuda, got.chunkGraph, got.chunkGraphRows, c.want, c.rows)
+		}
+	}
+}
+
 // lm_cuda_graph needs the LM's shared cache contract: the tiny model's default LM concatenates
 // its cache, so asking for graphs fails its load with the reason; a bad value fails with the key.
 func TestLMCUDAGraphOption(t *testing.T) {
@@ -82,13 +104,16 @@ func TestParseOptions(t *testing.T) {
 		t.Fatalf("no section: %+v, %v", o, err)
 	}
 	for section, want := range map[string]string{
-		`{"flow_first_worker": "both"}`: `engine.flow_first_worker: "both" is not one of [keep share]`,
-		`{"lm_stream_priority": "low"}`: `engine.lm_stream_priority: "low" is not one of [high normal]`,
-		`{"flow_cuda_graph": true}`:     "engine.flow_cuda_graph: true is not a string",
-		`{"flow_workers": 9}`:           "engine.flow_workers: 9 is not a number of workers from 1 to 8",
-		`{"vocoder_batches": [4, "x"]}`: `engine.vocoder_batches: [4, "x"] is not a list of whole numbers`,
-		`{"vocoder_cuda_graph": "on"}`:  "engine.vocoder_cuda_graph: the staged family's vocoder runs uncaptured; only voxcpm models capture theirs",
-		`{"piper_batch": 8}`:            "engine.piper_batch: unknown key; the staged family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
+		`{"flow_first_worker": "both"}`:    `engine.flow_first_worker: "both" is not one of [keep share]`,
+		`{"lm_stream_priority": "low"}`:    `engine.lm_stream_priority: "low" is not one of [high normal]`,
+		`{"flow_cuda_graph": true}`:        "engine.flow_cuda_graph: true is not a string",
+		`{"flow_workers": 9}`:              "engine.flow_workers: 9 is not a number of workers from 1 to 8",
+		`{"flow_chunk_cuda_graph": "yes"}`: `engine.flow_chunk_cuda_graph: "yes" is not one of [on fixed off]`,
+		`{"flow_chunk_graph_rows": 17}`:    "engine.flow_chunk_graph_rows: 17 is not a number of rows from 1 to 16",
+		`{"flow_chunk_graph_rows": -1}`:    "engine.flow_chunk_graph_rows: -1 is not a number of rows from 1 to 16",
+		`{"vocoder_batches": [4, "x"]}`:    `engine.vocoder_batches: [4, "x"] is not a list of whole numbers`,
+		`{"vocoder_cuda_graph": "on"}`:     "engine.vocoder_cuda_graph: the staged family's vocoder runs uncaptured; only voxcpm models capture theirs",
+		`{"piper_batch": 8}`:               "engine.piper_batch: unknown key; the staged family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
 	} {
 		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %s", section, err, want)
