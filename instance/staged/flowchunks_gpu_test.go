@@ -22,8 +22,8 @@ import (
 // the CUDA provider), the chunk-causal flow on the CUDA provider (its Euler steps queued on the
 // session's stream, the context samples on the device) gives every chunk of a batch of streams in
 // two voices the mel of the host runner chunkFlow on the CPU provider over the whole utterance,
-// within float32 rounding (TF32 matmuls included) for a float32 export and float16 rounding for a
-// float16 one; its runs copy between host and device and wait as often as on the CPU. The test logs
+// within float32 rounding (TF32 matmuls included), for a float32 export (the host runner computes
+// in float32 only); its runs copy between host and device and wait as often as on the CPU. The test logs
 // the nodes of flow_chunk.onnx that ONNX Runtime placed on the CPU provider and the copies it
 // inserted between host and device memory (from the session's profile).
 func TestChunkFlowOnGPU(t *testing.T) {
@@ -31,10 +31,7 @@ func TestChunkFlowOnGPU(t *testing.T) {
 	if m.Flow.ChunkStep == "" {
 		t.Skipf("%s has no flow.chunk_step", m.File)
 	}
-	tol := 1e-3 // relative rms of a chunk's mel
-	if m.DType == "float16" {
-		tol = 2e-2
-	}
+	const tol = 1e-3 // relative rms of a chunk's mel, float32
 	prof := t.TempDir() + "/"
 	load := func(provider, extra string) *Engine {
 		p, err := LoadPipeline(tts.LoadConfig{Manifest: m.File, Provider: provider, ORTLibrary: ortLibrary(t),
@@ -126,6 +123,12 @@ func TestChunkFlowOnGPU(t *testing.T) {
 	t.Logf("prompt cache on %s: %+v", provider, pc)
 	if pc.Misses != 2 || pc.Hits < uint64(2*len(texts)-2) {
 		t.Errorf("prompt cache after two rounds in two voices: %+v, want 2 misses and every other request a hit", pc)
+	}
+	if m.DType == "float16" {
+		// chunkFlow, the host runner, computes in float32 only; TestChunkFlowGraphsOnGPU compares
+		// a float16 export's captured runs with its uncaptured ones.
+		t.Logf("%s is float16: its chunks are not compared with the host runner, which needs a float32 export", m.File)
+		return
 	}
 	seeds := make([]uint64, 0, len(res))
 	for s := range res {

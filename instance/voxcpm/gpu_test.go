@@ -135,7 +135,8 @@ func TestGPUSteps(t *testing.T) {
 // checked against plain runs (the engine's load-time check) once per variant in VOXMUX_GPU_SDPA:
 // variants separated by ";", each a space-separated list of KEY=VALUE, where a KEY starting with
 // ORT_ is an environment variable ONNX Runtime reads when it builds its kernels (ORT_ENABLE_XQA,
-// ORT_DISABLE_FLASH_DECODE) and any other a CUDA provider option (sdpa_kernel); an empty variant
+// ORT_DISABLE_FLASH_DECODE), lm_cuda_graph and vocoder_cuda_graph are engine options, and any other
+// is a CUDA provider option (sdpa_kernel, prefer_nhwc); an empty variant
 // is the engine's own choice (XQA left out, noXQA). A request then runs alone with each variant that
 // passes: which attention kernels the step's graphs can replay. It fails when the engine's own
 // choice does not pass.
@@ -155,16 +156,22 @@ func TestGPUStepCaptureKernels(t *testing.T) {
 	ownPassed := false
 	for _, v := range strings.Split(variants, ";") {
 		po := map[string]string{}
+		opts := Options{LMCUDAGraph: StepGraphOn}
 		var env []string
 		for _, kv := range strings.Fields(v) {
 			k, val, ok := strings.Cut(kv, "=")
 			if !ok {
 				t.Fatalf("VOXMUX_GPU_SDPA: %q is not KEY=VALUE", kv)
 			}
-			if strings.HasPrefix(k, "ORT_") {
+			switch {
+			case strings.HasPrefix(k, "ORT_"):
 				t.Setenv(k, val)
 				env = append(env, k)
-			} else {
+			case k == "lm_cuda_graph":
+				opts.LMCUDAGraph = StepGraph(val)
+			case k == "vocoder_cuda_graph":
+				opts.VocoderCUDAGraph = VAEGraph(val)
+			default:
 				po[k] = val
 			}
 		}
@@ -174,7 +181,7 @@ func TestGPUStepCaptureKernels(t *testing.T) {
 		}
 		t0 := time.Now()
 		r, _, err := Family{}.Open(tts.LoadConfig{Manifest: path, Provider: "cuda", ORTLibrary: lib, MaxInflight: 2,
-			ProviderOptions: po, Engine: section(t, Options{LMCUDAGraph: StepGraphOn})})
+			ProviderOptions: po, Engine: section(t, opts)})
 		for _, k := range append(env, xqaEnv) {
 			os.Unsetenv(k)
 		}

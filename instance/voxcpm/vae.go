@@ -70,23 +70,24 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 			v.close()
 		}
 	}()
-	// The vocoder's CUDA options (prefer_nhwc: channels-last convolutions, which ran the staged
-	// family's vocoder 14-19% faster). Should it leave layout nodes to the CPU, as it did for the
-	// staged flow's graphs, ONNX Runtime runs the buckets uncaptured; provider_options
-	// {prefer_nhwc: "0"} tells the two apart. Uncaptured, cudnn_conv_algo_search stays the
-	// runtime's (DEFAULT unless provider_options say otherwise): EXHAUSTIVE plans for about a
+	// Uncaptured, the decoder takes the vocoder's CUDA options (prefer_nhwc: channels-last
+	// convolutions, which ran the staged family's vocoder 14-19% faster), and
+	// cudnn_conv_algo_search stays the runtime's (DEFAULT unless provider_options say otherwise): EXHAUSTIVE plans for about a
 	// second and a half per shape, paid again by every change of bucket outside graphs, and
 	// HEURISTIC failed to initialise for a dilated convolution (cuDNN 9.14), which the VAE's
 	// residual units are.
 	p := rt.Placement()
 	p.CUDAGraph = p.CUDA && graphs && !plain
 	p.ProviderOptions = maps.Clone(p.ProviderOptions)
-	maps.Copy(p.ProviderOptions, rt.VocoderCUDAOptions())
 	if p.CUDAGraph {
 		// Captured, each bucket's convolutions are planned once, at load: the exhaustive search
 		// halved the decoder's runs on an H100 (docs/benchmarks/2026-11-27-h100-voxcpm/), and
-		// uncaptured it would search again at every change of bucket.
+		// uncaptured it would search again at every change of bucket. Channels-last is left out:
+		// with it the one-row bucket's replay differed from a plain run (relative rms 0.82, H100,
+		// ONNX Runtime 1.29), without it the replays equal plain runs.
 		maps.Copy(p.ProviderOptions, rt.FixedShapeCUDAOptions())
+	} else {
+		maps.Copy(p.ProviderOptions, rt.VocoderCUDAOptions())
 	}
 	p.Profile = rt.ProfilePrefix("voxcpm_vae_decoder")
 	if p.CUDAGraph {
