@@ -59,9 +59,9 @@ type Options struct {
 	// and each batch's padded past (docs/cosyvoice3.md, "Memory"). A batch that would pass it
 	// waits for memory to free; a stream whose frames fit no more gives them up and computes them
 	// again later. 0: on CUDA 40% of the group's gpu_memory_limit, or of the GPU where none is set
-	// (32 GB of an 80 GB H100: the LM's CUDA graphs, the vocoder and ONNX Runtime's arenas took
-	// 29 GiB of it at one stream; 24 GiB where the GPU's size cannot be read), 2048 on the CPU.
-	// The prompt cache's default is then at most a quarter of it. Ignored without
+	// (24 GiB where the GPU's size cannot be read), lowered once the pipeline is loaded to what the
+	// GPU has free less a quarter of it (Pipeline.fitFlowKV); 2048 on the CPU. The prompt cache's
+	// default is then at most a quarter of it. Ignored without
 	// flow.chunk_step.
 	FlowKVMemoryMB int `json:"flow_kv_memory_mb"`
 	// FlowChunkEmit is where a chunk-causal flow's chunks end. Unset: early.
@@ -298,7 +298,7 @@ func defaultChunkGraph(cuda bool) FlowGraph {
 }
 
 // flowKVBytes is the chunk-causal flow's memory bound (Options.FlowKVMemoryMB): the option's, else
-// 40% of device (the bytes the flow's sessions may take on their GPU; 0: unknown).
+// 40% of device (the bytes the flow's sessions may take on their GPU; 0: unknown), before fitFlowKV.
 func flowKVBytes(o Options, cuda bool, device uint64) int64 {
 	switch {
 	case o.FlowKVMemoryMB > 0:

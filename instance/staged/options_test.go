@@ -146,3 +146,23 @@ func TestFlowKVMemory(t *testing.T) {
 		t.Errorf("flow_kv_memory_mb -1: %v", err)
 	}
 }
+
+// The flow's default bound, once loaded, leaves a quarter of the GPU beside it: on an 80 GB GPU
+// with 43 GB free and 1.3 GB already the flow's, 24.3 GB; never more than the default it had, and
+// never under 1 GiB.
+func TestFlowKVFit(t *testing.T) {
+	const G = int64(1) << 30
+	for _, c := range []struct {
+		limit, used int64
+		free, total uint64
+		want        int64
+	}{
+		{32 * G, 13 * G / 10, 43 << 30, 80 << 30, 13*G/10 + 43*G - 20*G},
+		{8 * G, 0, 60 << 30, 80 << 30, 8 * G},
+		{32 * G, 0, 10 << 30, 80 << 30, G},
+	} {
+		if got := flowKVFit(c.limit, c.used, c.free, c.total); got != c.want {
+			t.Errorf("flowKVFit(%d, %d, %d, %d) = %d, want %d", c.limit, c.used, c.free, c.total, got, c.want)
+		}
+	}
+}

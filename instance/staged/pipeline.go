@@ -86,11 +86,47 @@ func loadPipeline(m *Manifest, cfg tts.LoadConfig, lmDev, flowDev int) (*Pipelin
 	if err == nil && m.VoiceEncoder != nil && lmDev == 0 {
 		p.venc, err = newVoiceEncoder(m, cfg, o.Options)
 	}
+	if err == nil && p.flowMem != nil && p.rt2.CUDA() && o.FlowKVMemoryMB == 0 {
+		err = p.fitFlowKV(o)
+	}
 	if err != nil {
 		p.Close()
 		return nil, fmt.Errorf("pipeline %s: %w", cfg.Manifest, err)
 	}
 	return p, nil
+}
+
+// fitFlowKV lowers the chunk-causal flow's default memory bound to what the GPU has left once every
+// session is loaded, less a reserve for what grows with the streams beside the flow's keys and
+// values (the LM's cache slots, the vocoder's batches, ONNX Runtime's arenas): at 40% of an 80 GB
+// H100 the bound filled, and with the LM's CUDA graphs, the flow's fixed-shape buffers and the
+// vocoder the GPU ran out of memory at 64 streams (docs/cosyvoice3.md, "Memory").
+func (p *Pipeline) fitFlowKV(o Options) error {
+	free, total, err := iobind.MemInfo(p.rt2.Device())
+	if err != nil {
+		return fmt.Errorf("flow_kv_memory_mb: %w", err)
+	}
+	used, _, _ := p.flowMem.stats3()
+	limit := flowKVFit(p.opt.flowKVBytes, used, free, total)
+	p.flowMem.setLimit(limit)
+	if o.FlowPromptCacheMB == 0 {
+		p.prompts.setLimit(min(p.opt.promptCacheBytes, limit/4))
+	}
+	p.opt.flowKVBytes = limit
+	return nil
+}
+
+// flowKVReserve is the share of the GPU fitFlowKV leaves beside the flow's keys and values: from
+// one stream to 64 the rest of CosyVoice3-0.5B's pipeline grew by 8 GB of an 80 GB H100, and it
+// keeps growing with the LM's cache slots up to max_inflight.
+const flowKVReserve = 4 // a quarter
+
+// flowKVFit is the flow's memory bound once the pipeline is loaded: at most limit (the option's
+// default), and no more than what the flow has allocated (used) plus the GPU's free memory less a
+// quarter of it; at least 1 GiB, so that one stream's chunks still run.
+func flowKVFit(limit, used int64, free, total uint64) int64 {
+	fit := used + int64(free) - int64(total)/flowKVReserve
+	return max(min(limit, fit), 1<<30)
 }
 
 // tokenBounds is Manifest.TokenBounds with the engine's minimum (lm_min_tokens_per_text_token).

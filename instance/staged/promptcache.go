@@ -45,6 +45,13 @@ func newPromptCache(limit int64) *promptCache {
 	return &promptCache{limit: limit, lru: list.New(), byKey: map[[32]byte]*list.Element{}}
 }
 
+// setLimit changes the cache's bound (before any voice is kept).
+func (c *promptCache) setLimit(n int64) {
+	c.mu.Lock()
+	c.limit = n
+	c.mu.Unlock()
+}
+
 // voiceKey is a hash of what a voice's kept frames depend on: its speech tokens, mel and
 // embedding.
 func voiceKey(v *Voice) [32]byte {

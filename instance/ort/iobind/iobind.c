@@ -299,6 +299,23 @@ char* vx_zero(int cuda, int device, void* dst, size_t bytes) {
 	return cuda_end(stream, mode, e);
 }
 
+// vx_mem_info reads the device's free and total memory (cudaMemGetInfo).
+char* vx_mem_info(int device, size_t* free_b, size_t* total_b) {
+	typedef int (*cudaMemGetInfo_t)(size_t*, size_t*);
+	static cudaMemGetInfo_t get = NULL;
+	char* e = load_cudart();
+	if (e) return e;
+	if (!get) {
+		void* h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
+		if (!h) h = dlopen("libcudart.so.12", RTLD_NOW | RTLD_NOLOAD);
+		if (!h) h = dlopen("libcudart.so", RTLD_NOW | RTLD_NOLOAD);
+		if (h) get = (cudaMemGetInfo_t)dlsym(h, "cudaMemGetInfo");
+		if (!get) return msg("libcudart", "no cudaMemGetInfo");
+	}
+	if ((e = cuda_check(cu_set_device(device), "cudaSetDevice"))) return e;
+	return cuda_check(get(free_b, total_b), "cudaMemGetInfo");
+}
+
 void vx_stream_free(void* stream) {
 	if (stream && cu_stream_destroy) cu_stream_destroy(stream);
 }

@@ -455,6 +455,15 @@ func Zero(t *Tensor) error {
 	return cerr(C.vx_zero(cuda, C.int(t.place.Device), t.data, C.size_t(t.Bytes())))
 }
 
+// MemInfo is device's free and total memory as CUDA reports them (cudaMemGetInfo).
+func MemInfo(device int) (free, total uint64, err error) {
+	var f, t C.size_t
+	if err := cerr(C.vx_mem_info(C.int(device), &f, &t)); err != nil {
+		return 0, 0, err
+	}
+	return uint64(f), uint64(t), nil
+}
+
 // Upload copies data ([]int64, []int32 or []float32, exactly t's size) into t, on the device or
 // in host memory, and waits for the copy.
 func Upload(t *Tensor, data any) error {

@@ -34,6 +34,7 @@ char* vx_sync(int device);
 // Copies bytes between host and device memory (either way) and waits for the copy.
 char* vx_copy_across(int device, void* dst, const void* src, size_t bytes);
 char* vx_zero(int cuda, int device, void* dst, size_t bytes);
+char* vx_mem_info(int device, size_t* free_b, size_t* total_b);
 // Makes a non-blocking stream on device, of its highest priority when high_priority is set.
 char* vx_stream(int device, int high_priority, void** stream);
 void vx_stream_free(void* stream);
