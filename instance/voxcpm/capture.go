@@ -3,7 +3,6 @@ package voxcpm
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 
 	"github.com/voxmux/voxmux/instance/engine"
@@ -70,23 +69,6 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
 	}
 	return nil
-}
-
-// xqaEnv is the variable ONNX Runtime's GroupQueryAttention reads when its kernels are built:
-// 0 leaves out XQA, TensorRT-LLM's decoding kernel, which it otherwise picks for a float16 step of
-// one position over a shared past and present cache at VoxCPM's group size (16 query heads to 2
-// key/value heads). Captured, XQA's replays gave the step NaN at one row on an H100 (ONNX Runtime
-// 1.29); the fused kernels it falls back to replay as plain runs (TestGPUStepCaptureKernels,
-// docs/voxcpm.md "Engine options").
-const xqaEnv = "ORT_ENABLE_XQA"
-
-// noXQA sets xqaEnv to 0 for the instance's process before the step's session is built, unless the
-// environment already chose (an instance inherits no ORT_ variable from the router, so only a
-// process started otherwise, such as a test, can).
-func noXQA() {
-	if _, ok := os.LookupEnv(xqaEnv); !ok {
-		os.Setenv(xqaEnv, "0")
-	}
 }
 
 // randomFloats are n standard normal values times scale, from a generator seeded by seed.

@@ -122,9 +122,6 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *g
 		return g, g.warmPrefillOn(rt, slots)
 	}
 	g.sg = &stepGraphs{thread: ort.NewThread()}
-	if mode == StepGraphOn {
-		noXQA()
-	}
 	err = g.sg.thread.Do(func() (err error) {
 		g.stepS, err = open("graphs.step", m.Graphs.Step, "voxcpm_step", mode == StepGraphOn)
 		return err
