@@ -64,6 +64,8 @@ func TestEngineOptionsOfTheServingFamily(t *testing.T) {
 			[]string{":5:", "groups[0].engine.lm_min_tokens_per_text_token"}},
 		{"bad voxcpm enum value", voxcpmModel, "    engine:\n      vocoder_cuda_graph: fixed\n",
 			[]string{":5:", "groups[0].engine.vocoder_cuda_graph", `"fixed" is not one of [on off]`}},
+		{"piper front on the CPU with whole sentences", piperModel, "    engine:\n      piper_decode: sentences\n      piper_front: cpu\n",
+			[]string{":6:", "groups[0].engine.piper_front", "cannot be used with piper_decode sentences"}},
 		{"engine option among provider options", piperModel, "    provider_options:\n      piper_batch: \"8\"\n",
 			[]string{":5:", "groups[0].provider_options.piper_batch", "engine option (of the piper family)", "groups[0].engine.piper_batch"}},
 	} {

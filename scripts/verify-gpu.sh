@@ -108,7 +108,7 @@ gputests() {
     (cd "$repo/instance/$pkg" && env "${env[@]}" "$tb/$pkg.test" -test.run "${GPU_RUN:-$run}" -test.v -test.count=1) \
       > "$logs/gputests-$pkg.log" 2>&1 || rc=1
     grep -E '^(--- |ok|FAIL|PASS)' "$logs/gputests-$pkg.log" | grep -v '^PASS$'
-    grep -E 'relative rms|within|per run|on the CPU provider|copy nodes|against the CPU|float16 .* rel rms' "$logs/gputests-$pkg.log" | grep -v '  on the CPU provider: ' | sed 's/^ */   /'
+    grep -E 'relative rms|within|per run|on the CPU provider|copy nodes|against the CPU|float16 .* rel rms|first chunk' "$logs/gputests-$pkg.log" | grep -v '  on the CPU provider: ' | sed 's/^ */   /'
   done
   [ $rc = 0 ] && echo "gputests: PASS" || echo "gputests: FAIL (logs in $logs/gputests-*.log)"
   return $rc
@@ -121,10 +121,15 @@ gputests() {
 # stream, ≥ 1000× real time at 256 streams. PROVIDER=cpu serves on the CPU instead (a check of this
 # step, not a measurement). PIPER_PRECISION=float16 serves the chunked side with piper_precision:
 # float16 (the sentences side stays float32, which whole sentences need), its reports in
-# $LOGS/piperfirst-float16.
+# $LOGS/piperfirst-float16. PIPER_FRONT=cpu serves the chunked side with piper_front: cpu (the
+# front graph on ONNX Runtime's CPU provider, the decoder on the GPU; FRONT_THREADS=N sets the
+# group's intra_op_num_threads, the front's threads), its reports in $LOGS/piperfirst-frontcpu
+# ($LOGS/piperfirst-frontcpu-N with FRONT_THREADS; -float16-frontcpu with both).
 piperfirst() (
-  provider=${PROVIDER:-cuda} precision=${PIPER_PRECISION:-float32} out=$logs/piperfirst
-  [ "$precision" = float32 ] || out=$logs/piperfirst-$precision
+  provider=${PROVIDER:-cuda} precision=${PIPER_PRECISION:-float32} front=${PIPER_FRONT:-gpu} out=$logs/piperfirst
+  [ "$precision" = float32 ] || out=$out-$precision
+  [ "$front" = gpu ] || out=$out-front$front${FRONT_THREADS:+-$FRONT_THREADS}
+  engine="piper_precision: $precision, piper_front: $front${FRONT_THREADS:+, intra_op_num_threads: $FRONT_THREADS}"
   voice=${JENNY:-$repo/models/voices/en_GB-jenny_dioco-medium.onnx}
   name=$(basename "$voice" .onnx)
   rm -rf "$out" && mkdir -p "$out/voices" || exit 1
@@ -145,7 +150,7 @@ groups:
   - {name: g0, gpus: $gpus, instances: 1, max_inflight: 256, engine: $2}
 YAML
   }
-  cfg 8092 "{piper_precision: $precision}" > "$out/chunked.yaml"
+  cfg 8092 "{$engine}" > "$out/chunked.yaml"
   cfg 8093 "{piper_decode: sentences}" > "$out/sentences.yaml"
   pids=()
   trap 'kill -TERM "${pids[@]}" 2>/dev/null; wait "${pids[@]}" 2>/dev/null' EXIT
@@ -153,7 +158,7 @@ YAML
   "$bin" serve --config "$out/sentences.yaml" > "$out/serve-sentences.log" 2>&1 & pids+=($!)
   wait_ready http://127.0.0.1:8092 300 "${pids[0]}" || { echo "chunked: not ready"; tail -20 "$out/serve-chunked.log"; exit 1; }
   wait_ready http://127.0.0.1:8093 300 "${pids[1]}" || { echo "sentences: not ready"; tail -20 "$out/serve-sentences.log"; exit 1; }
-  label="$name on $device, provider $provider, chunked decoder in $precision, voxmux $("$bin" version | cut -d' ' -f2)"
+  label="$name on $device, provider $provider, chunked decoder in $precision, front on $front${FRONT_THREADS:+ with intra_op_num_threads $FRONT_THREADS}, voxmux $("$bin" version | cut -d' ' -f2)"
   "$bin" bench --url http://127.0.0.1:8092 --name chunked --compare http://127.0.0.1:8093 --compare-name sentences \
     --concurrency 1 --compare-concurrency 1 --requests-per-level "${N:-24}" --warmup 4 --format wav --quiet \
     --label "$label: first audio, one request at a time" --out "$out/ttfb" || exit 1

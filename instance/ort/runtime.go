@@ -357,6 +357,24 @@ func (r *Runtime) SessionFromDataWith(cuda map[string]string, name string, data 
 	return r.loadData(opts, name, data, inputs, outputs)
 }
 
+// CPUSessionFromData loads a graph held in memory on ONNX Runtime's CPU provider, whatever the
+// runtime's provider, with threads intra-op threads (0: ONNX Runtime's default, one a physical
+// core); name tells its profile apart. Its inputs and outputs are host tensors, as those of every
+// session made here, so its outputs can feed a CUDA session directly.
+func (r *Runtime) CPUSessionFromData(threads int, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
+	opts, err := onnxrt.NewSessionOptions()
+	if err != nil {
+		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
+	}
+	defer opts.Destroy()
+	if threads > 0 {
+		if err := opts.SetIntraOpNumThreads(threads); err != nil {
+			return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
+		}
+	}
+	return r.loadData(opts, name, data, inputs, outputs)
+}
+
 func (r *Runtime) loadData(opts *onnxrt.SessionOptions, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
 	if r.profile != "" {
 		if err := opts.EnableProfiling(r.ProfilePrefix(name)); err != nil {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ type piperOptions struct {
 	FirstChunk, Chunk int
 	// Float16: the chunked decoder runs converted to float16 (float16.go).
 	Float16 bool
+	// CPUFront: the chunked front runs on ONNX Runtime's CPU provider with FrontThreads intra-op
+	// threads (0: ONNX Runtime's default), whatever the group's provider (piper_front cpu).
+	CPUFront     bool
+	FrontThreads int
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -62,7 +67,23 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.FirstChunk = cmp.Or(e.FirstChunk, piperFirstChunk)
 	o.Chunk = max(cmp.Or(e.Chunk, piperChunk), o.FirstChunk)
 	o.Float16 = e.Precision == Float16
+	o.CPUFront = e.Front == FrontCPU
+	o.FrontThreads = e.IntraOpThreads
+	if o.CPUFront && cfg.Provider == "cuda" && o.FrontThreads == 0 {
+		o.FrontThreads = cpuFrontThreads(runtime.NumCPU())
+	}
 	return o
+}
+
+// cpuFrontThreads is the front's intra-op threads on the CPU beside a GPU decoder, for a host of
+// cpus cores, unless intra_op_num_threads sets it: half the cores, at most 8. The front's session
+// has one pool of threads, which the front runs of every worker share (each run's calling thread
+// joins in), so the fronts keep to about that many cores however many workers run them; the other
+// half is left to the rest of the server (espeak-ng, HTTP, encoding, the decoder's kernel
+// launches). The bound of 8 is for the front's small ops ([rows, 192, frames] tensors, a few
+// hundred a run); it is not measured yet (docs/piper.md, "Front on the CPU").
+func cpuFrontThreads(cpus int) int {
+	return min(8, max(1, cpus/2))
 }
 
 // piperJob is one sentence waiting for synthesis.

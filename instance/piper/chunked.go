@@ -35,6 +35,7 @@ type piperChunker struct {
 	front, dec  *onnxrt.DynamicAdvancedSession
 	split       *piperSplit
 	speed       bool // the front takes each row's speed (piperSpeedInput, speed.go)
+	cpuFront    bool // front is a session of the CPU provider (piper_front cpu)
 	first, most int  // chunk frames: the first chunk's, and the most of a later one's
 	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
 	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
@@ -60,7 +61,18 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		sp.front = g
 		in = append(slices.Clip(in), piperSpeedInput)
 	}
-	front, err := r.rt.SessionFromData("piper-front", sp.front, in, []string{sp.latent, piperLengthOutput})
+	frontOut := []string{sp.latent, piperLengthOutput}
+	var front *onnxrt.DynamicAdvancedSession
+	if r.opts.CPUFront {
+		// Host tensors in and out either way: the latent goes to the decoder's device as every
+		// decoder input does.
+		front, err = r.rt.CPUSessionFromData(r.opts.FrontThreads, "piper-front", sp.front, in, frontOut)
+		if err == nil && r.rt.CUDA() {
+			slog.Info("piper voice's front runs on the CPU provider, its decoder on CUDA", "voice", f.Stem, "intra_op_threads", r.opts.FrontThreads)
+		}
+	} else {
+		front, err = r.rt.SessionFromData("piper-front", sp.front, in, frontOut)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
@@ -92,7 +104,7 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
 	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
-	c := &piperChunker{front: front, dec: dec, split: sp, speed: speed, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	c := &piperChunker{front: front, dec: dec, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {
 		var pcm []float32

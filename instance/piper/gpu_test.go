@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/voxmux/voxmux/tts"
 )
@@ -151,6 +152,99 @@ func TestPiperOnGPU(t *testing.T) {
 			}
 		}
 	}
+}
+
+// On a GPU host (VOXMUX_GPU_PIPER=1), jenny served with piper_front cpu (the front on ONNX
+// Runtime's CPU provider, the decoder on CUDA) against piper_front gpu (both on CUDA): one request
+// at a time, each of piperASRSentences both ways, in turns (after a request each to warm up), it
+// logs each request's time to its first chunk and each way's median,
+//
+//	piper_front cpu on cuda (intra-op threads T; ...): first chunk MS ms (P50 of N), each: [...]
+//
+// and each sentence's raw audio, the front then the decoder in the runner's chunks with no noise,
+// agrees between the two within chunkTolerance, the bound TestPiperOnGPU holds CUDA to against the
+// CPU. VOXMUX_GPU_PROVIDER=cpu runs it on the CPU.
+func TestPiperFrontOnGPU(t *testing.T) {
+	if os.Getenv("VOXMUX_GPU_PIPER") == "" {
+		t.Skip("VOXMUX_GPU_PIPER not set: this test needs a GPU")
+	}
+	provider := cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")
+	if _, err := os.Stat(jennyVoice); err != nil {
+		t.Fatal(err)
+	}
+	fronts := []Front{FrontGPU, FrontCPU}
+	var ss [2]*piperSession
+	for i, fr := range fronts {
+		ss[i] = gpuRunner(t, jennyVoice, provider, Options{Front: fr})
+		if ss[i].chunks == nil || ss[i].chunks.cpuFront != (fr == FrontCPU) {
+			t.Fatalf("piper_front %s: not decoded in chunks with its front where asked", fr)
+		}
+	}
+	// First audio, one request at a time: the served path (queue, worker, front, first chunk).
+	first := func(i int, text string) time.Duration {
+		t0 := time.Now()
+		var d time.Duration
+		err := ss[i].r.Synthesize(t.Context(), tts.Request{Text: text}, func(tts.Chunk) error {
+			if d == 0 {
+				d = time.Since(t0)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("piper_front %s: %v", fronts[i], err)
+		}
+		return d
+	}
+	for i := range fronts {
+		first(i, "Warming up.")
+	}
+	var ms [2][]float64
+	for k, text := range piperASRSentences {
+		for n := range fronts {
+			i := (n + k) % 2 // each way goes first in turn
+			ms[i] = append(ms[i], float64(first(i, text).Microseconds())/1000)
+		}
+	}
+	for i, fr := range fronts {
+		sorted := slices.Sorted(slices.Values(ms[i]))
+		threads := ""
+		if fr == FrontCPU {
+			threads = fmt.Sprintf(" (intra-op threads %d; 0: ONNX Runtime's default)", ss[i].opts.FrontThreads)
+		}
+		t.Logf("piper_front %s on %s%s: first chunk %.1f ms (P50 of %d), each: %.1f",
+			fr, provider, threads, sorted[len(sorted)/2], len(sorted), ms[i])
+	}
+
+	// The same audio: each sentence's front and chunked decoder, raw, both ways.
+	ph := testPhonemizer(t)
+	f := ss[0].file
+	worst, n := 0.0, 0
+	for _, text := range piperASRSentences {
+		sents, err := f.sentences(ph, text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sent := range sents {
+			var audio [2][]float32
+			for i, s := range ss {
+				ls, err := s.chunks.runFront(s.file, [][]int64{sent.IDs}, []int64{0}, atSpeed(s, 1, 1), s.file.scales)
+				if err != nil {
+					t.Fatal(err)
+				}
+				audio[i] = decodeChunks(t, s.chunks, s.file, &ls[0], 0, s.chunks.split.left, s.chunks.split.right)
+			}
+			if len(audio[0]) != len(audio[1]) {
+				t.Errorf("%q: %d samples with piper_front gpu, %d with cpu", text, len(audio[0]), len(audio[1]))
+				continue
+			}
+			d := piperMaxDiff(audio[0], audio[1])
+			worst, n = max(worst, d), n+1
+			if d > chunkTolerance {
+				t.Errorf("%q: piper_front cpu's audio differs from gpu's by %g, over %g", text, d, chunkTolerance)
+			}
+		}
+	}
+	t.Logf("%s piper_front cpu against gpu on %s: chunked within %.2g (%d sentences)", f.Stem, provider, worst, n)
 }
 
 // piperASRSentences are the sentences cmd/voxmux's ASR test has pocketsphinx transcribe

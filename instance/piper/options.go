@@ -36,6 +36,28 @@ type Options struct {
 	// (float16.go; docs/piper.md, "Precision"). float16 needs piper_decode chunks, which splits
 	// the decoder off.
 	Precision Precision `json:"piper_precision"`
+	// Front is where a chunked voice's front graph (text encoder, duration predictor, flow) runs:
+	// "gpu" (the default) on the group's provider, or "cpu" on ONNX Runtime's CPU provider, the
+	// decoder staying on the group's provider. On CUDA the front's hundreds of small operators
+	// cost more in launches and shape work than in arithmetic (docs/piper.md, "Front on the
+	// CPU"). cpu needs piper_decode chunks, which splits the front off; on the CPU provider it
+	// is gpu's placement.
+	Front Front `json:"piper_front"`
+}
+
+// Front is where a chunked voice's front graph runs (piper_front).
+type Front string
+
+const (
+	// FrontGPU runs the front on the group's provider, as the decoder.
+	FrontGPU Front = "gpu"
+	// FrontCPU runs the front on ONNX Runtime's CPU provider.
+	FrontCPU Front = "cpu"
+)
+
+func (f *Front) UnmarshalText(b []byte) (err error) {
+	*f, err = engine.ParseEnum(b, FrontGPU, FrontCPU)
+	return err
 }
 
 // Precision is the decoder's float type (piper_precision).
@@ -95,6 +117,9 @@ func (o Options) Validate() error {
 	}
 	if o.Precision == Float16 && o.Decode == DecodeSentences {
 		return &tts.OptionError{Key: "piper_precision", Msg: "float16 converts the decoder that piper_decode chunks splits off the voice's graph; it cannot be used with piper_decode sentences"}
+	}
+	if o.Front == FrontCPU && o.Decode == DecodeSentences {
+		return &tts.OptionError{Key: "piper_front", Msg: "cpu moves the front graph, which piper_decode chunks splits off the voice's graph, to the CPU; it cannot be used with piper_decode sentences, which runs the graph whole"}
 	}
 	return nil
 }
