@@ -189,17 +189,12 @@ func ValueInfoType(v []byte) (name string, elem int32, err error) {
 // rewriteNode re-encodes a NodeProto with its inputs and outputs renamed by rename, a Cast to
 // float32 casting to float16 (toFloat16), and float tensors in its attributes converted by mode.
 func rewriteNode(v []byte, rename map[string]string, mode tensorMode, st *Float16Stats) ([]byte, error) {
-	var op string
-	if err := ort.EachField(v, func(n protowire.Number, b []byte) error {
-		if n == 4 {
-			op = string(b)
-		}
-		return nil
-	}); err != nil {
+	op, err := stringField(v, 4)
+	if err != nil {
 		return nil, err
 	}
 	var out []byte
-	err := EachRawField(v, func(num protowire.Number, raw, b []byte) error {
+	err = EachRawField(v, func(num protowire.Number, raw, b []byte) error {
 		switch {
 		case (num == 1 || num == 2) && b != nil && rename[string(b)] != "":
 			out = protowire.AppendTag(out, num, protowire.BytesType)
@@ -218,21 +213,27 @@ func rewriteNode(v []byte, rename map[string]string, mode tensorMode, st *Float1
 	return out, err
 }
 
+// stringField is the last value of field num of message v, a string.
+func stringField(v []byte, num protowire.Number) (s string, err error) {
+	err = ort.EachField(v, func(n protowire.Number, b []byte) error {
+		if n == num {
+			s = string(b)
+		}
+		return nil
+	})
+	return s, err
+}
+
 // rewriteAttr re-encodes an AttributeProto (name 1, i 3, t 5, g 6, tensors 10, graphs 11,
 // sparse_tensor 22, sparse_tensors 23): Cast's to FLOAT becomes FLOAT16, float tensors are
 // converted by mode.
 func rewriteAttr(op string, v []byte, mode tensorMode, st *Float16Stats) ([]byte, error) {
-	var name string
-	if err := ort.EachField(v, func(n protowire.Number, b []byte) error {
-		if n == 1 {
-			name = string(b)
-		}
-		return nil
-	}); err != nil {
+	name, err := stringField(v, 1)
+	if err != nil {
 		return nil, err
 	}
 	var out []byte
-	err := EachRawField(v, func(num protowire.Number, raw, b []byte) error {
+	err = EachRawField(v, func(num protowire.Number, raw, b []byte) error {
 		switch {
 		case num == 3 && b == nil && op == "Cast" && name == "to" && mode == toFloat16:
 			x, _ := protowire.ConsumeVarint(raw[protowire.SizeTag(3):])
