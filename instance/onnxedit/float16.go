@@ -11,13 +11,13 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// Float16 converts a graph to float16 in memory, for the GPU's float16 kernels (Piper's decoder,
-// docs/piper.md "Precision"; VoxCPM's VAE decoder, docs/voxcpm.md "Engine options"). Its inputs
-// and outputs stay float32: a Cast to float16 follows each float input and a Cast to float32
-// precedes each float output, so the caller feeds and reads the session as before. Inside, every
-// float32 weight and constant becomes float16 (rounded to nearest, a value beyond float16's range
-// saturated to ±65504 and counted), Cast nodes to float32 cast to float16 instead, and value_info
-// (shape hints, whose types would be stale) is dropped for ONNX Runtime to infer again.
+// The float16 conversion (Float16) runs a graph in float16, for the GPU's float16 kernels (Piper's
+// decoder, docs/piper.md "Precision"; VoxCPM's VAE decoder, docs/voxcpm.md "Engine options"). Its
+// inputs and outputs stay float32: a Cast to float16 follows each float input and a Cast to
+// float32 precedes each float output, so the caller feeds and reads the session as before. Inside,
+// every float32 weight and constant becomes float16 (rounded to nearest, a value beyond float16's
+// range saturated to ±65504 and counted), Cast nodes to float32 cast to float16 instead, and
+// value_info (shape hints, whose types would be stale) is dropped for ONNX Runtime to infer again.
 
 // f16Max is float16's largest finite value.
 const f16Max = 65504
