@@ -127,3 +127,17 @@ func describe(t reflect.Type) string {
 	}
 	return "a " + t.String()
 }
+
+// Precision is the float type a family's graph computes in, an option of the families that can
+// convert a graph to float16 in memory (piper_precision, vocoder_precision). Unset: float32.
+type Precision string
+
+const (
+	Float32 Precision = "float32"
+	Float16 Precision = "float16"
+)
+
+func (p *Precision) UnmarshalText(b []byte) (err error) {
+	*p, err = ParseEnum(b, Float32, Float16)
+	return err
+}

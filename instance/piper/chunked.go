@@ -87,8 +87,8 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 			front.Destroy()
 			return nil, "", fmt.Errorf("piper voice %s: piper_precision float16: %w", f.Path, err)
 		}
-		if st.saturated > 0 {
-			slog.Warn("piper voice's decoder has weights beyond float16's range; they are set to ±65504", "voice", f.Stem, "weights", st.saturated, "of", st.weights, "largest", st.largest)
+		if st.Saturated > 0 {
+			slog.Warn("piper voice's decoder has weights beyond float16's range; they are set to ±65504", "voice", f.Stem, "weights", st.Saturated, "of", st.Weights, "largest", st.Largest)
 		}
 		sp.decoder = g
 		if !r.rt.CUDA() {

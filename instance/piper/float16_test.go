@@ -1,8 +1,6 @@
 package piper
 
 import (
-	"encoding/binary"
-	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -10,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -71,19 +70,19 @@ func TestPiperFloat16Graph(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", path, err)
 		}
-		graph, _, _, err := modelGraph(g16)
+		graph, _, _, err := onnxedit.ModelGraph(g16)
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := parseGraph(graph)
+		g, err := onnxedit.ParseGraph(graph)
 		if err != nil {
 			t.Fatal(err)
 		}
 		floats, halves := 0, 0
-		for _, f := range g.fields {
-			switch f.num {
+		for _, f := range g.Fields {
+			switch f.Num {
 			case 5:
-				v, _ := protowire.ConsumeBytes(f.raw[protowire.SizeTag(5):])
+				v, _ := protowire.ConsumeBytes(f.Raw[protowire.SizeTag(5):])
 				ti := readTensor(t, v)
 				switch ti.typ {
 				case ort.ONNXFloat:
@@ -92,8 +91,8 @@ func TestPiperFloat16Graph(t *testing.T) {
 					halves += ti.raw / 2
 				}
 			case 11, 12:
-				v, _ := protowire.ConsumeBytes(f.raw[protowire.SizeTag(f.num):])
-				name, elem, err := valueInfoType(v)
+				v, _ := protowire.ConsumeBytes(f.Raw[protowire.SizeTag(f.Num):])
+				name, elem, err := onnxedit.ValueInfoType(v)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -104,22 +103,22 @@ func TestPiperFloat16Graph(t *testing.T) {
 				t.Errorf("%s: value_info kept", path)
 			}
 		}
-		if floats != 0 || halves != st.weights || st.saturated != 0 {
-			t.Errorf("%s: %d float32 initializers left; %d float16 values of %d converted, %d saturated", path, floats, halves, st.weights, st.saturated)
+		if floats != 0 || halves != st.Weights || st.Saturated != 0 {
+			t.Errorf("%s: %d float32 initializers left; %d float16 values of %d converted, %d saturated", path, floats, halves, st.Weights, st.Saturated)
 		}
-		first, last := g.nodes[0], g.nodes[len(g.nodes)-1]
-		if first.op != "Cast" || first.in[0] != sp.latent || first.attrs["to"].i != ort.ONNXFloat16 {
-			t.Errorf("%s: first node %s %v → %v, want a Cast of %s to float16", path, first.op, first.in, first.out, sp.latent)
+		first, last := g.Nodes[0], g.Nodes[len(g.Nodes)-1]
+		if first.Op != "Cast" || first.In[0] != sp.latent || first.Attrs["to"].I != ort.ONNXFloat16 {
+			t.Errorf("%s: first node %s %v → %v, want a Cast of %s to float16", path, first.Op, first.In, first.Out, sp.latent)
 		}
-		if last.op != "Cast" || last.out[0] != "output" || last.attrs["to"].i != ort.ONNXFloat {
-			t.Errorf("%s: last node %s %v → %v, want a Cast to float32 giving output", path, last.op, last.in, last.out)
+		if last.Op != "Cast" || last.Out[0] != "output" || last.Attrs["to"].I != ort.ONNXFloat {
+			t.Errorf("%s: last node %s %v → %v, want a Cast to float32 giving output", path, last.Op, last.In, last.Out)
 		}
-		for _, n := range g.nodes[:len(g.nodes)-1] {
-			if n.op == "Cast" && n.attrs["to"].i == ort.ONNXFloat {
-				t.Errorf("%s: node %v casts to float32 inside the graph", path, n.out)
+		for _, n := range g.Nodes[:len(g.Nodes)-1] {
+			if n.Op == "Cast" && n.Attrs["to"].I == ort.ONNXFloat {
+				t.Errorf("%s: node %v casts to float32 inside the graph", path, n.Out)
 			}
 		}
-		t.Logf("%s: %d nodes, %d weights to float16, the largest %.3g", filepath.Base(path), len(g.nodes), st.weights, st.largest)
+		t.Logf("%s: %d nodes, %d weights to float16, the largest %.3g", filepath.Base(path), len(g.Nodes), st.Weights, st.Largest)
 		onnxCheck(t, g16)
 	}
 }
@@ -187,8 +186,8 @@ func TestPiperFloat16OnCPU(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rounded, st, err := decoderRoundedFloat16(sp.decoder)
-		if err != nil || st.weights == 0 {
+		rounded, st, err := onnxedit.RoundedFloat16(sp.decoder)
+		if err != nil || st.Weights == 0 {
 			t.Fatalf("%s: %v, %+v", c.path, err, st)
 		}
 		decIn := []string{sp.latent}
@@ -259,96 +258,6 @@ func TestPiperFloat16Synthesize(t *testing.T) {
 	}
 	if n[0] == 0 || n[0] != n[1] {
 		t.Errorf("float32 gave %d samples, float16 %d", n[0], n[1])
-	}
-}
-
-// The conversion of one tensor, one Cast and a refused op, on graphs made here: float_data and
-// raw_data both convert, a value beyond float16's range saturates and is counted, an int64 tensor
-// and a Cast to int64 are kept, a Cast to float32 casts to float16; external data and an op the
-// conversion does not know are refused, naming what.
-func TestPiperFloat16Convert(t *testing.T) {
-	tensor := func(typ uint64, name string, data func([]byte) []byte) []byte {
-		var b []byte
-		b = protowire.AppendTag(b, 1, protowire.VarintType)
-		b = protowire.AppendVarint(b, 3)
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
-		b = protowire.AppendVarint(b, typ)
-		b = protowire.AppendTag(b, 8, protowire.BytesType)
-		b = protowire.AppendString(b, name)
-		return data(b)
-	}
-	floatData := func(b []byte) []byte { // packed float_data: 1, 1e5, -1e-3
-		var p []byte
-		for _, x := range []float32{1, 1e5, -1e-3} {
-			p = binary.LittleEndian.AppendUint32(p, math.Float32bits(x))
-		}
-		b = protowire.AppendTag(b, 4, protowire.BytesType)
-		return protowire.AppendBytes(b, p)
-	}
-	rawData := func(b []byte) []byte { // raw_data: 0.1, -70000, 3
-		var p []byte
-		for _, x := range []float32{0.1, -70000, 3} {
-			p = binary.LittleEndian.AppendUint32(p, math.Float32bits(x))
-		}
-		b = protowire.AppendTag(b, 9, protowire.BytesType)
-		return protowire.AppendBytes(b, p)
-	}
-	var st float16Stats
-	for _, c := range []struct {
-		data func([]byte) []byte
-		want []uint16
-	}{{floatData, []uint16{0x3c00, 0x7bff, 0x9419}}, {rawData, []uint16{0x2e66, 0xfbff, 0x4200}}} {
-		out, err := convertTensor(tensor(ort.ONNXFloat, "w", c.data), toFloat16, &st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ti := readTensor(t, out)
-		var raw []byte
-		ort.EachField(out, func(n protowire.Number, b []byte) error {
-			if n == 9 {
-				raw = b
-			}
-			return nil
-		})
-		got := []uint16{}
-		for ; len(raw) >= 2; raw = raw[2:] {
-			got = append(got, binary.LittleEndian.Uint16(raw))
-		}
-		if ti.typ != ort.ONNXFloat16 || ti.name != "w" || fmt.Sprint(got) != fmt.Sprint(c.want) {
-			t.Errorf("converted: type %d, name %q, bits %04x; want float16 w %04x", ti.typ, ti.name, got, c.want)
-		}
-	}
-	if st.weights != 6 || st.saturated != 2 || st.largest != 1e5 {
-		t.Errorf("stats %+v, want 6 weights, 2 saturated, the largest 1e5", st)
-	}
-	ints := tensor(ort.ONNXInt64, "axes", func(b []byte) []byte {
-		b = protowire.AppendTag(b, 9, protowire.BytesType)
-		return protowire.AppendBytes(b, make([]byte, 24))
-	})
-	if out, err := convertTensor(ints, toFloat16, &st); err != nil || string(out) != string(ints) {
-		t.Errorf("int64 tensor: changed (%v)", err)
-	}
-	ext := tensor(ort.ONNXFloat, "w", func(b []byte) []byte {
-		b = protowire.AppendTag(b, 14, protowire.VarintType)
-		return protowire.AppendVarint(b, 1)
-	})
-	if _, err := convertTensor(ext, toFloat16, &st); err == nil || !strings.Contains(err.Error(), "external") {
-		t.Errorf("external data: %v", err)
-	}
-	for to, want := range map[int64]int64{ort.ONNXFloat: ort.ONNXFloat16, ort.ONNXInt64: ort.ONNXInt64} {
-		n, err := rewriteNode(nodeProto("c", "Cast", []string{"x"}, "y", intAttribute("to", to)), map[string]string{"x": "x16"}, toFloat16, &st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nd, err := parseNode(n)
-		if err != nil || nd.attrs["to"].i != want || nd.in[0] != "x16" || nd.out[0] != "y" {
-			t.Errorf("Cast to %d: %+v %v, want to %d reading x16", to, nd, err, want)
-		}
-	}
-	var graph []byte
-	graph = appendMessage(graph, 1, nodeProto("r", "Resize", []string{"x", "", "scales"}, "y"))
-	if _, err := graphFloat16(graph, &st); err == nil || !strings.Contains(err.Error(), "Resize") {
-		t.Errorf("a Resize node: %v", err)
 	}
 }
 

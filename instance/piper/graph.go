@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
 )
 
@@ -30,27 +31,27 @@ func piperWithLengths(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return editGraph(data, func(graph []byte) ([]byte, error) {
-		g, err := parseGraph(graph)
+	return onnxedit.EditGraph(data, func(graph []byte) ([]byte, error) {
+		g, err := onnxedit.ParseGraph(graph)
 		if err != nil {
 			return nil, fmt.Errorf("not an ONNX model: %w", err)
 		}
-		name := vitsLengths(g.nodes)
+		name := vitsLengths(g.Nodes)
 		if name == "" {
 			return nil, nil
 		}
 		// An Identity node copies the lengths to the new output, so the original tensor keeps its name.
-		out := appendMessage(append([]byte(nil), graph...), 1, identityNode(name, piperLengthOutput))
-		return appendMessage(out, 12, valueInfo(piperLengthOutput, ort.ONNXInt64, 1)), nil
+		out := onnxedit.AppendMessage(append([]byte(nil), graph...), 1, onnxedit.IdentityNode(name, piperLengthOutput))
+		return onnxedit.AppendMessage(out, 12, onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)), nil
 	})
 }
 
 // vitsLengths finds the Cast(int64) output of Ceil → ReduceSum → Clip|Max → Cast among the
 // graph's nodes; "" when there is no such chain, or more than one.
-func vitsLengths(nodes []onnxNode) string {
+func vitsLengths(nodes []onnxedit.Node) string {
 	consumers := map[string][]int{}
 	for i, nd := range nodes {
-		for _, in := range nd.in {
+		for _, in := range nd.In {
 			consumers[in] = append(consumers[in], i)
 		}
 	}
@@ -59,7 +60,7 @@ func vitsLengths(nodes []onnxNode) string {
 		found := -1
 		for _, c := range consumers[t] {
 			for _, op := range ops {
-				if nodes[c].op == op {
+				if nodes[c].Op == op {
 					if found >= 0 {
 						return -1
 					}
@@ -71,22 +72,22 @@ func vitsLengths(nodes []onnxNode) string {
 	}
 	var match []string
 	for _, nd := range nodes {
-		if nd.op != "Ceil" || len(nd.out) != 1 {
+		if nd.Op != "Ceil" || len(nd.Out) != 1 {
 			continue
 		}
-		s := next(nd.out[0], "ReduceSum")
+		s := next(nd.Out[0], "ReduceSum")
 		if s < 0 {
 			continue
 		}
-		c := next(nodes[s].out[0], "Clip", "Max")
+		c := next(nodes[s].Out[0], "Clip", "Max")
 		if c < 0 {
 			continue
 		}
-		k := next(nodes[c].out[0], "Cast")
-		if k < 0 || nodes[k].attrs["to"].i != ort.ONNXInt64 {
+		k := next(nodes[c].Out[0], "Cast")
+		if k < 0 || nodes[k].Attrs["to"].I != ort.ONNXInt64 {
 			continue
 		}
-		match = append(match, nodes[k].out[0])
+		match = append(match, nodes[k].Out[0])
 	}
 	if len(match) != 1 {
 		return "" // none, or ambiguous: run one sentence at a time

@@ -61,17 +61,12 @@ func (f *Front) UnmarshalText(b []byte) (err error) {
 }
 
 // Precision is the decoder's float type (piper_precision).
-type Precision string
+type Precision = engine.Precision
 
 const (
-	Float32 Precision = "float32"
-	Float16 Precision = "float16"
+	Float32 = engine.Float32
+	Float16 = engine.Float16
 )
-
-func (p *Precision) UnmarshalText(b []byte) (err error) {
-	*p, err = engine.ParseEnum(b, Float32, Float16)
-	return err
-}
 
 // Decode is how a sentence's audio is made (piper_decode).
 type Decode string

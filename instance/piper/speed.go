@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -34,18 +35,18 @@ const piperSpeedInput = "voxmux_speed"
 // renamed and new nodes placed after it, so the graph stays in topological order; the rest of the
 // file is kept byte for byte.
 func piperWithSpeed(model []byte) ([]byte, error) {
-	return editGraph(model, func(graph []byte) ([]byte, error) {
-		g, err := parseGraph(graph)
+	return onnxedit.EditGraph(model, func(graph []byte) ([]byte, error) {
+		g, err := onnxedit.ParseGraph(graph)
 		if err != nil {
 			return nil, fmt.Errorf("not an ONNX model: %w", err)
 		}
-		ceil := vitsDurationRounding(g.nodes)
+		ceil := vitsDurationRounding(g.Nodes)
 		if ceil < 0 {
 			return nil, nil
 		}
 		var out []byte
 		i := 0 // node index
-		err = eachRawField(graph, func(num protowire.Number, raw, v []byte) error {
+		err = onnxedit.EachRawField(graph, func(num protowire.Number, raw, v []byte) error {
 			if num != 1 {
 				out = append(out, raw...)
 				return nil
@@ -60,33 +61,33 @@ func piperWithSpeed(model []byte) ([]byte, error) {
 			if err != nil {
 				return err
 			}
-			out = appendMessage(out, 1, n)
+			out = onnxedit.AppendMessage(out, 1, n)
 			for _, nd := range speedNodes("voxmux_speed_ceil", ceilOut) {
-				out = appendMessage(out, 1, nd)
+				out = onnxedit.AppendMessage(out, 1, nd)
 			}
 			return nil
 		})
 		if err != nil {
 			return nil, fmt.Errorf("not an ONNX model: %w", err)
 		}
-		out = appendMessage(out, 5, int64Scalar("voxmux_speed_axis", 2)) // initializer
-		out = appendMessage(out, 11, speedInputInfo())
+		out = onnxedit.AppendMessage(out, 5, onnxedit.Int64Scalar("voxmux_speed_axis", 2)) // initializer
+		out = onnxedit.AppendMessage(out, 11, speedInputInfo())
 		return out, nil
 	})
 }
 
 // vitsDurationRounding finds VITS's w_ceil: the graph's one Ceil node whose output a CumSum
 // (generate_path) reads. It returns the node's index, or -1 when there is none or more than one.
-func vitsDurationRounding(nodes []onnxNode) int {
+func vitsDurationRounding(nodes []onnxedit.Node) int {
 	cumsum := map[string]bool{} // tensors a CumSum reads
 	for _, nd := range nodes {
-		if nd.op == "CumSum" && len(nd.in) > 0 {
-			cumsum[nd.in[0]] = true
+		if nd.Op == "CumSum" && len(nd.In) > 0 {
+			cumsum[nd.In[0]] = true
 		}
 	}
 	found := -1
 	for i, nd := range nodes {
-		if nd.op == "Ceil" && len(nd.out) == 1 && cumsum[nd.out[0]] {
+		if nd.Op == "Ceil" && len(nd.Out) == 1 && cumsum[nd.Out[0]] {
 			if found >= 0 {
 				return -1 // ambiguous: leave the graph as it is
 			}
@@ -104,16 +105,16 @@ func speedNodes(in, out string) [][]byte {
 		if exclusive == 0 {
 			return nil
 		}
-		return [][]byte{intAttribute("exclusive", exclusive)}
+		return [][]byte{onnxedit.IntAttribute("exclusive", exclusive)}
 	}
 	return [][]byte{
-		nodeProto(p+"cum", "CumSum", []string{in, p + "axis"}, p+"c", cumAttr(0)...),
-		nodeProto(p+"cum_before", "CumSum", []string{in, p + "axis"}, p+"c0", cumAttr(1)...),
-		nodeProto(p+"div", "Div", []string{p + "c", piperSpeedInput}, p+"cs", nil...),
-		nodeProto(p+"div_before", "Div", []string{p + "c0", piperSpeedInput}, p+"c0s", nil...),
-		nodeProto(p+"round", "Round", []string{p + "cs"}, p+"r", nil...),
-		nodeProto(p+"round_before", "Round", []string{p + "c0s"}, p+"r0", nil...),
-		nodeProto(p+"sub", "Sub", []string{p + "r", p + "r0"}, out, nil...),
+		onnxedit.NodeProto(p+"cum", "CumSum", []string{in, p + "axis"}, p+"c", cumAttr(0)...),
+		onnxedit.NodeProto(p+"cum_before", "CumSum", []string{in, p + "axis"}, p+"c0", cumAttr(1)...),
+		onnxedit.NodeProto(p+"div", "Div", []string{p + "c", piperSpeedInput}, p+"cs", nil...),
+		onnxedit.NodeProto(p+"div_before", "Div", []string{p + "c0", piperSpeedInput}, p+"c0s", nil...),
+		onnxedit.NodeProto(p+"round", "Round", []string{p + "cs"}, p+"r", nil...),
+		onnxedit.NodeProto(p+"round_before", "Round", []string{p + "c0s"}, p+"r0", nil...),
+		onnxedit.NodeProto(p+"sub", "Sub", []string{p + "r", p + "r0"}, out, nil...),
 	}
 }
 
@@ -122,7 +123,7 @@ func renameOutput(node []byte, name string) ([]byte, string, error) {
 	var out []byte
 	var old string
 	outs := 0
-	err := eachRawField(node, func(num protowire.Number, raw, v []byte) error {
+	err := onnxedit.EachRawField(node, func(num protowire.Number, raw, v []byte) error {
 		if num == 2 && v != nil {
 			old = string(v)
 			outs++
@@ -152,17 +153,17 @@ func speedInputInfo() []byte {
 	}
 	var shape []byte
 	for _, d := range [][]byte{dim(0, "batch"), dim(1, ""), dim(1, "")} {
-		shape = appendMessage(shape, 1, d)
+		shape = onnxedit.AppendMessage(shape, 1, d)
 	}
 	var tensor []byte
 	tensor = protowire.AppendTag(tensor, 1, protowire.VarintType)
 	tensor = protowire.AppendVarint(tensor, ort.ONNXFloat)
-	tensor = appendMessage(tensor, 2, shape)
-	typ := appendMessage(nil, 1, tensor)
+	tensor = onnxedit.AppendMessage(tensor, 2, shape)
+	typ := onnxedit.AppendMessage(nil, 1, tensor)
 	var vi []byte
 	vi = protowire.AppendTag(vi, 1, protowire.BytesType)
 	vi = protowire.AppendString(vi, piperSpeedInput)
-	return appendMessage(vi, 2, typ)
+	return onnxedit.AppendMessage(vi, 2, typ)
 }
 
 // withSpeedInput returns the voice's graph (graph, or the file at path when graph is nil) with

@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 
+	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
 )
 
@@ -39,6 +40,9 @@ var piperLocalOps = map[string]bool{
 	"Identity": true, "Cast": true, "Unsqueeze": true, "Squeeze": true,
 }
 
+// splitGraph is the voice's graph, with what splitPiper asks of it.
+type splitGraph struct{ *onnxedit.Graph }
+
 // splitPiper reads the voice file at path and cuts it at the decoder's input. It returns a reason
 // (and no split) when the graph cannot be cut: the voice then runs whole sentences.
 func splitPiper(path string) (*piperSplit, string, error) {
@@ -46,28 +50,29 @@ func splitPiper(path string) (*piperSplit, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	graphBytes, at, end, err := modelGraph(data)
+	graphBytes, at, end, err := onnxedit.ModelGraph(data)
 	if err != nil {
 		return nil, "", err
 	}
-	g, err := parseGraph(graphBytes)
+	parsed, err := onnxedit.ParseGraph(graphBytes)
 	if err != nil {
 		return nil, "", fmt.Errorf("not an ONNX model: %w", err)
 	}
-	lengths := vitsLengths(g.nodes)
+	g := splitGraph{parsed}
+	lengths := vitsLengths(g.Nodes)
 	if lengths == "" {
 		return nil, "the graph has no VITS length computation (Ceil → ReduceSum → Clip → Cast)", nil
 	}
-	for _, n := range g.nodes {
-		for _, a := range n.attrs {
-			if a.graph {
-				return nil, fmt.Sprintf("the graph has a %s node with a subgraph", n.op), nil
+	for _, n := range g.Nodes {
+		for _, a := range n.Attrs {
+			if a.Graph {
+				return nil, fmt.Sprintf("the graph has a %s node with a subgraph", n.Op), nil
 			}
 		}
 	}
 	producer := map[string]int{}
-	for i, n := range g.nodes {
-		for _, o := range n.out {
+	for i, n := range g.Nodes {
+		for _, o := range n.Out {
 			producer[o] = i
 		}
 	}
@@ -86,11 +91,11 @@ func splitPiper(path string) (*piperSplit, string, error) {
 		return nil, reason, nil
 	}
 	front, frontInputs := g.ancestors(producer, []string{latent, lengths}, "")
-	frames := identityNode(lengths, piperLengthOutput)
-	sp.front = replaceGraph(data, at, end, g.subgraph(front, frontInputs, nil,
-		[][]byte{valueInfo(latent, ort.ONNXFloat, 3), valueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
-	sp.decoder = replaceGraph(data, at, end, g.subgraph(dec, decInputs,
-		[][]byte{valueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
+	frames := onnxedit.IdentityNode(lengths, piperLengthOutput)
+	sp.front = onnxedit.ReplaceGraph(data, at, end, g.subgraph(front, frontInputs, nil,
+		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
+	sp.decoder = onnxedit.ReplaceGraph(data, at, end, g.subgraph(dec, decInputs,
+		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
 	return sp, "", nil
 }
 
@@ -98,17 +103,17 @@ func splitPiper(path string) (*piperSplit, string, error) {
 // other is upstream of) upsamples conv_pre's output, through activations and, for a multi-speaker
 // voice, the addition of cond(g); conv_pre's input is the latent. Where an op has several inputs,
 // the path follows the one computed from the phoneme ids.
-func (g *onnxGraph) decoderInput(producer map[string]int) (string, string) {
+func (g splitGraph) decoderInput(producer map[string]int) (string, string) {
 	fromIDs := g.dependsOn("input")
 	var first = -1
-	for i, n := range g.nodes {
-		if n.op != "ConvTranspose" {
+	for i, n := range g.Nodes {
+		if n.Op != "ConvTranspose" {
 			continue
 		}
-		upstream, _ := g.ancestors(producer, n.in[:1], "")
+		upstream, _ := g.ancestors(producer, n.In[:1], "")
 		has := false
 		for j := range upstream {
-			if j != i && g.nodes[j].op == "ConvTranspose" {
+			if j != i && g.Nodes[j].Op == "ConvTranspose" {
 				has = true
 			}
 		}
@@ -122,24 +127,24 @@ func (g *onnxGraph) decoderInput(producer map[string]int) (string, string) {
 	if first < 0 {
 		return "", "the graph has no transposed convolution (HiFi-GAN's upsampling)"
 	}
-	cur := g.nodes[first].in[0]
+	cur := g.Nodes[first].In[0]
 	for range 16 {
 		p, ok := producer[cur]
 		if !ok {
 			return "", fmt.Sprintf("the decoder's input %q is a graph input", cur)
 		}
-		n := g.nodes[p]
-		if n.op == "Conv" {
-			return n.in[0], ""
+		n := g.Nodes[p]
+		if n.Op == "Conv" {
+			return n.In[0], ""
 		}
-		if !piperLocalOps[n.op] {
-			return "", fmt.Sprintf("a %s node precedes the decoder's first upsampling", n.op)
+		if !piperLocalOps[n.Op] {
+			return "", fmt.Sprintf("a %s node precedes the decoder's first upsampling", n.Op)
 		}
 		next := ""
-		for _, in := range n.in {
+		for _, in := range n.In {
 			if fromIDs[in] {
 				if next != "" {
-					return "", fmt.Sprintf("%s node %v joins two paths from the phoneme ids before the decoder", n.op, n.in)
+					return "", fmt.Sprintf("%s node %v joins two paths from the phoneme ids before the decoder", n.Op, n.In)
 				}
 				next = in
 			}
@@ -154,12 +159,12 @@ func (g *onnxGraph) decoderInput(producer map[string]int) (string, string) {
 
 // dependsOn marks every tensor computed from graph input in (nodes are in topological order, as
 // ONNX requires).
-func (g *onnxGraph) dependsOn(in string) map[string]bool {
+func (g splitGraph) dependsOn(in string) map[string]bool {
 	dep := map[string]bool{in: true}
-	for _, n := range g.nodes {
-		for _, x := range n.in {
+	for _, n := range g.Nodes {
+		for _, x := range n.In {
 			if dep[x] {
-				for _, o := range n.out {
+				for _, o := range n.Out {
 					dep[o] = true
 				}
 				break
@@ -171,7 +176,7 @@ func (g *onnxGraph) dependsOn(in string) map[string]bool {
 
 // ancestors returns the nodes that compute outs, not looking past stop (a tensor that becomes a
 // graph input), and the graph inputs they read.
-func (g *onnxGraph) ancestors(producer map[string]int, outs []string, stop string) (map[int]bool, map[string]bool) {
+func (g splitGraph) ancestors(producer map[string]int, outs []string, stop string) (map[int]bool, map[string]bool) {
 	nodes, inputs := map[int]bool{}, map[string]bool{}
 	stack := append([]string(nil), outs...)
 	for len(stack) > 0 {
@@ -180,7 +185,7 @@ func (g *onnxGraph) ancestors(producer map[string]int, outs []string, stop strin
 		if t == stop || t == "" {
 			continue
 		}
-		if g.inputs[t] {
+		if g.Inputs[t] {
 			inputs[t] = true
 			continue
 		}
@@ -189,7 +194,7 @@ func (g *onnxGraph) ancestors(producer map[string]int, outs []string, stop strin
 			continue
 		}
 		nodes[p] = true
-		stack = append(stack, g.nodes[p].in...)
+		stack = append(stack, g.Nodes[p].In...)
 	}
 	return nodes, inputs
 }
@@ -200,22 +205,22 @@ func (g *onnxGraph) ancestors(producer map[string]int, outs []string, stop strin
 // reaches ((k-1)·d-pl)/(s·r) back and pl/(s·r) ahead, plus one input step each way for rounding;
 // elementwise ops take the widest of their inputs. Any other op on the latent's path refuses the
 // split.
-func (g *onnxGraph) reach(dec map[int]bool, latent string, sp *piperSplit) string {
+func (g splitGraph) reach(dec map[int]bool, latent string, sp *piperSplit) string {
 	type span struct{ rate, left, right float64 }
 	at := map[string]span{latent: {rate: 1}}
-	for i, n := range g.nodes {
+	for i, n := range g.Nodes {
 		if !dec[i] {
 			continue
 		}
 		var in span
 		found := false
-		for _, x := range n.in {
+		for _, x := range n.In {
 			s, ok := at[x]
 			if !ok {
 				continue
 			}
 			if found && s.rate != in.rate {
-				return fmt.Sprintf("%s node joins tensors at %g and %g steps a frame", n.op, in.rate, s.rate)
+				return fmt.Sprintf("%s node joins tensors at %g and %g steps a frame", n.Op, in.rate, s.rate)
 			}
 			if !found {
 				in = s
@@ -227,21 +232,21 @@ func (g *onnxGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 			continue // the speaker's conditioning, or a constant
 		}
 		out := in
-		switch n.op {
+		switch n.Op {
 		case "Conv", "ConvTranspose":
-			if _, ok := at[n.in[0]]; !ok {
-				return fmt.Sprintf("%s node's weights depend on the latent", n.op)
+			if _, ok := at[n.In[0]]; !ok {
+				return fmt.Sprintf("%s node's weights depend on the latent", n.Op)
 			}
-			if a := n.attrs["auto_pad"].s; a != "" && a != "NOTSET" {
-				return fmt.Sprintf("%s node has auto_pad %s", n.op, a)
+			if a := n.Attrs["auto_pad"].S; a != "" && a != "NOTSET" {
+				return fmt.Sprintf("%s node has auto_pad %s", n.Op, a)
 			}
-			k := n.attrs["kernel_shape"].ints
-			if len(k) == 0 && len(n.in) > 1 && len(g.dims[n.in[1]]) > 2 {
-				k = g.dims[n.in[1]][2:]
+			k := n.Attrs["kernel_shape"].Ints
+			if len(k) == 0 && len(n.In) > 1 && len(g.Dims[n.In[1]]) > 2 {
+				k = g.Dims[n.In[1]][2:]
 			}
-			pads, strides, dil := n.attrs["pads"].ints, n.attrs["strides"].ints, n.attrs["dilations"].ints
+			pads, strides, dil := n.Attrs["pads"].Ints, n.Attrs["strides"].Ints, n.Attrs["dilations"].Ints
 			if len(k) != 1 || len(pads) > 2 || len(strides) > 1 || len(dil) > 1 {
-				return fmt.Sprintf("%s node is not a 1-D convolution (kernel %v)", n.op, k)
+				return fmt.Sprintf("%s node is not a 1-D convolution (kernel %v)", n.Op, k)
 			}
 			d, s, pl := int64(1), int64(1), int64(0)
 			if len(dil) == 1 {
@@ -254,7 +259,7 @@ func (g *onnxGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 				pl = pads[0]
 			}
 			width := float64((k[0] - 1) * d)
-			if n.op == "Conv" {
+			if n.Op == "Conv" {
 				out.rate = in.rate / float64(s)
 				out.left += float64(pl) / in.rate
 				out.right += (width - float64(pl)) / in.rate
@@ -264,11 +269,11 @@ func (g *onnxGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 				out.right += float64(pl)/out.rate + 1/in.rate
 			}
 		default:
-			if !piperLocalOps[n.op] {
-				return fmt.Sprintf("the decoder has a %s node on the latent's path", n.op)
+			if !piperLocalOps[n.Op] {
+				return fmt.Sprintf("the decoder has a %s node on the latent's path", n.Op)
 			}
 		}
-		for _, o := range n.out {
+		for _, o := range n.Out {
 			at[o] = out
 		}
 	}
@@ -287,26 +292,26 @@ func (g *onnxGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 // subgraph re-encodes the graph with only the nodes in keep, the initializers they read, the
 // graph inputs in inputs plus addInputs, and outputs: the original ones when addOutputs is nil,
 // else addOutputs alone. value_info (shape hints) is dropped. extra is appended as a node.
-func (g *onnxGraph) subgraph(keep map[int]bool, inputs map[string]bool, addInputs, addOutputs [][]byte, extra []byte) []byte {
+func (g splitGraph) subgraph(keep map[int]bool, inputs map[string]bool, addInputs, addOutputs [][]byte, extra []byte) []byte {
 	used := map[string]bool{}
 	for i := range keep {
-		for _, in := range g.nodes[i].in {
+		for _, in := range g.Nodes[i].In {
 			used[in] = true
 		}
 	}
 	var out []byte
-	for _, f := range g.fields {
-		switch f.num {
+	for _, f := range g.Fields {
+		switch f.Num {
 		case 1:
-			if !keep[f.node] {
+			if !keep[f.Node] {
 				continue
 			}
 		case 5:
-			if !used[f.name] {
+			if !used[f.Name] {
 				continue
 			}
 		case 11:
-			if !inputs[f.name] && !(used[f.name] && g.dims[f.name] != nil) {
+			if !inputs[f.Name] && !(used[f.Name] && g.Dims[f.Name] != nil) {
 				continue
 			}
 		case 12:
@@ -316,16 +321,16 @@ func (g *onnxGraph) subgraph(keep map[int]bool, inputs map[string]bool, addInput
 		case 13:
 			continue
 		}
-		out = append(out, f.raw...)
+		out = append(out, f.Raw...)
 	}
 	if extra != nil {
-		out = appendMessage(out, 1, extra)
+		out = onnxedit.AppendMessage(out, 1, extra)
 	}
 	for _, v := range addInputs {
-		out = appendMessage(out, 11, v)
+		out = onnxedit.AppendMessage(out, 11, v)
 	}
 	for _, v := range addOutputs {
-		out = appendMessage(out, 12, v)
+		out = onnxedit.AppendMessage(out, 12, v)
 	}
 	return out
 }

@@ -131,6 +131,45 @@ func TestGPUSteps(t *testing.T) {
 	}
 }
 
+// On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the VAE decoder converted to float16
+// (vocoder_precision float16) decodes random latents as the float32 decoder does, on CUDA, in the
+// buckets of 64 streams, uncaptured and captured as CUDA graphs: 8 patches of 64 rows, their states
+// carried, within gpuVAEFloat16RMS (a first guess: 4× the CPU's bound, where ONNX Runtime computes
+// through float32). It logs the milliseconds a decode takes at 1 and 64 rows, each precision.
+func TestGPUVAEFloat16(t *testing.T) {
+	const gpuVAEFloat16RMS = 4 * vaeFloat16AudioRMS
+	path := os.Getenv("VOXMUX_GPU_VOXCPM")
+	if path == "" {
+		t.Skip("VOXMUX_GPU_VOXCPM is not set")
+	}
+	m, rt := runtimeFor(t, path, "cuda")
+	const rows = 64
+	for _, captured := range []bool{false, true} {
+		v := openVAEPair(t, m, rt, rows, graphModes{captureVAE: captured})
+		audio, state := compareVAEFloat16(t, v, rows, 8, gpuVAEFloat16RMS, gpuVAEFloat16RMS)
+		var ms [2][2]float64 // [precision][1 row, 64 rows]
+		for i := range v {
+			for j, n := range []int{1, rows} {
+				patch := make([]float32, n*m.patchFloats())
+				const runs = 20
+				var t0 time.Time
+				for k := range runs + 3 { // 3 to warm up
+					if k == 3 {
+						t0 = time.Now()
+					}
+					if _, err := v[i].decode(n, patch); err != nil {
+						t.Fatal(err)
+					}
+				}
+				ms[i][j] = float64(time.Since(t0).Microseconds()) / 1000 / runs
+			}
+		}
+		t.Logf("VAE decoder on CUDA, captured %v: float16 rel rms from float32 audio %.3g, state %.3g over 8 patches of %d rows; "+
+			"ms a decode: 1 row float32 %.2f float16 %.2f; %d rows float32 %.2f float16 %.2f",
+			captured, audio, state, rows, ms[0][0], ms[1][0], rows, ms[0][1], ms[1][1])
+	}
+}
+
 // On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the step's CUDA graphs are captured and
 // checked against plain runs (the engine's load-time check) once per variant in VOXMUX_GPU_SDPA:
 // variants separated by ";", each a space-separated list of KEY=VALUE, where a KEY starting with

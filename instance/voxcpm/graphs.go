@@ -106,7 +106,7 @@ func openGraphs(m *Manifest, rt *ort.Runtime, slots int, modes graphModes) (_ *g
 	}
 	buckets := engine.Buckets(slots)
 	rows := max(buckets[len(buckets)-1], slots+prefillSpare)
-	if g.v, err = openVAE(m, rt, rows, buckets, modes.plainVAE, modes.captureVAE); err != nil {
+	if g.v, err = openVAE(m, rt, rows, buckets, modes); err != nil {
 		return nil, err
 	}
 	if mode == StepGraphOff {

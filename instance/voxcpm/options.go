@@ -24,6 +24,10 @@ type Options struct {
 	// than in the step's batch sizes, as the staged family's vocoder does with []. Unset (nil):
 	// the step's batch sizes.
 	VocoderBatches []int `json:"vocoder_batches"`
+	// VocoderPrecision is the float type the VAE decoder computes in: "float32" (the default), or
+	// "float16", the decoder graph converted in memory (vae.go), its inputs and outputs (the
+	// carried state included) staying float32.
+	VocoderPrecision engine.Precision `json:"vocoder_precision"`
 }
 
 // StepGraph is how the step graph runs (lm_cuda_graph).

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -11,15 +12,16 @@ import (
 // only graph per patch); values outside an enum and keys of the staged family are refused naming
 // the key.
 func TestParseOptions(t *testing.T) {
-	o, err := parseOptions(tts.EngineSection(`{"lm_cuda_graph": "decode", "vocoder_cuda_graph": "off", "vocoder_batches": []}`))
-	if err != nil || o.LMCUDAGraph != StepGraphOn || o.VocoderCUDAGraph != VAEGraphOff || !o.plainVAE() {
+	o, err := parseOptions(tts.EngineSection(`{"lm_cuda_graph": "decode", "vocoder_cuda_graph": "off", "vocoder_batches": [], "vocoder_precision": "float16"}`))
+	if err != nil || o.LMCUDAGraph != StepGraphOn || o.VocoderCUDAGraph != VAEGraphOff || !o.plainVAE() || o.VocoderPrecision != engine.Float16 {
 		t.Fatalf("parsed %+v, %v", o, err)
 	}
 	for section, want := range map[string]string{
-		`{"lm_cuda_graph": "yes"}`:    `engine.lm_cuda_graph: "yes" is not one of [on decode fixed off]`,
-		`{"vocoder_cuda_graph": 1}`:   "engine.vocoder_cuda_graph: 1 is not a string",
-		`{"flow_workers": 2}`:         "engine.flow_workers: unknown key; the voxcpm family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
-		`{"vocoder_batches": [1, 4]}`: "engine.vocoder_batches: [1 4]: voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies",
+		`{"lm_cuda_graph": "yes"}`:      `engine.lm_cuda_graph: "yes" is not one of [on decode fixed off]`,
+		`{"vocoder_cuda_graph": 1}`:     "engine.vocoder_cuda_graph: 1 is not a string",
+		`{"vocoder_precision": "half"}`: `engine.vocoder_precision: "half" is not one of [float32 float16]`,
+		`{"flow_workers": 2}`:           "engine.flow_workers: unknown key; the voxcpm family's keys are " + strings.Join(Family{}.OptionKeys(), ", "),
+		`{"vocoder_batches": [1, 4]}`:   "engine.vocoder_batches: [1 4]: voxcpm's VAE decoder runs in the step's batch sizes; only [] (every batch in its own shape) applies",
 	} {
 		if _, err := parseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %s", section, err, want)

@@ -3,6 +3,7 @@ package voxcpm
 import (
 	"fmt"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -14,12 +15,14 @@ type graphModes struct {
 	plainVAE bool
 	// captureVAE captures the buckets' decodes as CUDA graphs (on CUDA only).
 	captureVAE bool
+	// float16VAE runs the VAE decoder converted to float16 (vocoder_precision: float16).
+	float16VAE bool
 }
 
-// resolveModes resolves lm_cuda_graph, vocoder_batches and vocoder_cuda_graph (checked by
-// parseOptions) for a provider.
+// resolveModes resolves lm_cuda_graph, vocoder_batches, vocoder_cuda_graph and vocoder_precision
+// (checked by parseOptions) for a provider.
 func resolveModes(o Options, cuda bool) graphModes {
-	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: o.plainVAE()}
+	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: o.plainVAE(), float16VAE: o.VocoderPrecision == engine.Float16}
 	switch o.VocoderCUDAGraph {
 	case VAEGraphOn:
 		g.captureVAE = cuda

@@ -2,8 +2,11 @@ package voxcpm
 
 import (
 	"fmt"
+	"log/slog"
 	"maps"
+	"os"
 
+	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/instance/ort/iobind"
 )
@@ -61,9 +64,38 @@ func (b *vaeBucket) release() {
 	release([]*iobind.Tensor{b.latent, b.audio, b.views[0], b.views[1]})
 }
 
-// openVAE opens the decoder on rt's device with states for rows slots and, unless plain, a bucket
-// for each of buckets (rising, the last at most rows); graphs: the buckets' runs are captured.
-func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graphs bool) (_ *vaeGraphs, err error) {
+// vaeFloat16Ops are the ops of the VAE decoder (the export's residual units of padded, dilated
+// convolutions with snake activations: x + 1/a·sin²(a·x), through Pow and Reciprocal), each with
+// a float16 kernel in ONNX Runtime's CUDA provider. A decoder with another op is refused at load,
+// naming it, rather than converted untried.
+var vaeFloat16Ops = map[string]bool{
+	"Pad": true, "Mul": true, "Add": true, "Sin": true, "Pow": true, "Reciprocal": true,
+	"Conv": true, "ConvTranspose": true, "Slice": true, "Gather": true, "Reshape": true,
+	"Flatten": true, "Transpose": true, "Tanh": true, "Identity": true, "Constant": true,
+}
+
+// vaeFloat16 is the VAE decoder at path converted to float16 (vocoder_precision: float16): its
+// latent, state, audio and state_out stay float32, so the engine binds them as in float32.
+func vaeFloat16(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	g, st, err := onnxedit.Float16(data, func(op string) bool { return vaeFloat16Ops[op] })
+	if err != nil {
+		return nil, fmt.Errorf("%s: vocoder_precision float16: %w", path, err)
+	}
+	if st.Saturated > 0 {
+		slog.Warn("voxcpm's VAE decoder has weights beyond float16's range; they are set to ±65504", "path", path, "weights", st.Saturated, "of", st.Weights, "largest", st.Largest)
+	}
+	return g, nil
+}
+
+// openVAE opens the decoder on rt's device with states for rows slots and, unless modes.plainVAE,
+// a bucket for each of buckets (rising, the last at most rows); modes.captureVAE: the buckets'
+// runs are captured; modes.float16VAE: the decoder computes in float16.
+func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphModes) (_ *vaeGraphs, err error) {
+	plain, graphs := modes.plainVAE, modes.captureVAE
 	v := &vaeGraphs{m: m, rows: rows}
 	defer func() {
 		if err != nil {
@@ -93,8 +125,22 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, plain, graph
 	if p.CUDAGraph {
 		v.thread = ort.NewThread()
 	}
+	path := m.Path(m.Graphs.VAEDecoder)
+	var f16 []byte
+	if modes.float16VAE {
+		if f16, err = vaeFloat16(path); err != nil {
+			return nil, fmt.Errorf("graphs.vae_decoder: %w", err)
+		}
+		if !p.CUDA {
+			slog.Warn("vocoder_precision float16 on the CPU provider: ONNX Runtime computes the VAE decoder's float16 ops through casts to float32, slower than float32", "path", path)
+		}
+	}
 	err = v.thread.Do(func() (err error) {
-		v.s, err = iobind.Open(m.Path(m.Graphs.VAEDecoder), p)
+		if f16 != nil {
+			v.s, err = iobind.OpenData(path+" (float16)", f16, p)
+		} else {
+			v.s, err = iobind.Open(path, p)
+		}
 		return err
 	})
 	if err != nil {

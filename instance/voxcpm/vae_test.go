@@ -22,6 +22,12 @@ func tinyRuntime(t *testing.T) (*Manifest, *ort.Runtime) {
 	if _, err := os.Stat(path); err != nil {
 		tinyEngine(t, 1) // skips or fails as the other tests do
 	}
+	return runtimeFor(t, path, "cpu")
+}
+
+// runtimeFor loads the manifest at path and a runtime on provider, with iobind bound to it.
+func runtimeFor(t *testing.T, path, provider string) (*Manifest, *ort.Runtime) {
+	t.Helper()
 	m, err := LoadManifest(path)
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +36,7 @@ func tinyRuntime(t *testing.T) (*Manifest, *ort.Runtime) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := ort.New(tts.LoadConfig{Provider: "cpu", ORTLibrary: lib}, 0, ort.Options{})
+	rt, err := ort.New(tts.LoadConfig{Provider: provider, ORTLibrary: lib}, 0, ort.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,12 +97,12 @@ func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 	m, rt := tinyRuntime(t)
 	const rows = 8
 	buckets := engine.Buckets(6)
-	fixed, err := openVAE(m, rt, rows, buckets, false, false)
+	fixed, err := openVAE(m, rt, rows, buckets, graphModes{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer fixed.close()
-	plain, err := openVAE(m, rt, rows, buckets, true, false)
+	plain, err := openVAE(m, rt, rows, buckets, graphModes{plainVAE: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +245,7 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 	}
 }
 
-// What lm_cuda_graph, vocoder_batches and vocoder_cuda_graph make of the step and the decoder.
+// What lm_cuda_graph, vocoder_batches, vocoder_cuda_graph and vocoder_precision make of the step and the decoder.
 func TestResolveModes(t *testing.T) {
 	for _, c := range []struct {
 		o    Options
@@ -253,6 +259,8 @@ func TestResolveModes(t *testing.T) {
 		{Options{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphFixed, captureVAE: true}},
 		{Options{LMCUDAGraph: "on", VocoderBatches: []int{}}, true, graphModes{step: StepGraphOn, plainVAE: true}},
 		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: StepGraphFixed}},
+		{Options{VocoderPrecision: engine.Float16}, true, graphModes{step: StepGraphOff, float16VAE: true}},
+		{Options{VocoderPrecision: engine.Float32}, true, graphModes{step: StepGraphOff}},
 	} {
 		if got := resolveModes(c.o, c.cuda); got != c.want {
 			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)

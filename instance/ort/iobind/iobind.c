@@ -110,7 +110,7 @@ static char* load_cudart(void) {
 }
 
 // stream, when not NULL, is the CUDA stream the session computes on (user_compute_stream).
-char* vx_session(const char* model, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
+char* vx_session(const char* model, const void* data, size_t data_len, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding) {
 	OrtSessionOptions* so = NULL;
 	char* e = status(api->CreateSessionOptions(&so), "CreateSessionOptions");
@@ -126,7 +126,8 @@ char* vx_session(const char* model, int cuda, int device, void* stream, const ch
 		if (co) api->ReleaseCUDAProviderOptions(co);
 		if (e) { api->ReleaseSessionOptions(so); return e; }
 	}
-	e = status(api->CreateSession(env, model, so, out_session), "CreateSession");
+	if (data) e = status(api->CreateSessionFromArray(env, data, data_len, so, out_session), "CreateSessionFromArray");
+	else e = status(api->CreateSession(env, model, so, out_session), "CreateSession");
 	api->ReleaseSessionOptions(so);
 	if (e) return e;
 	if (cuda) {

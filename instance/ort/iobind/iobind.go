@@ -98,7 +98,19 @@ type Session struct {
 }
 
 // Open loads a model.
-func Open(model string, p Placement) (*Session, error) {
+func Open(model string, p Placement) (*Session, error) { return open(model, nil, p) }
+
+// OpenData loads a model held in memory (one a model family edited after reading it); name
+// stands for it in errors.
+func OpenData(name string, model []byte, p Placement) (*Session, error) {
+	if len(model) == 0 {
+		return nil, fmt.Errorf("%s: no model", name)
+	}
+	return open(name, model, p)
+}
+
+// open loads the model in data, or with data nil, the file model.
+func open(model string, data []byte, p Placement) (*Session, error) {
 	opts := map[string]string{}
 	for k, v := range p.ProviderOptions {
 		opts[k] = v
@@ -151,7 +163,11 @@ func Open(model string, p Placement) (*Session, error) {
 		prof = C.CString(p.Profile)
 		defer C.free(unsafe.Pointer(prof))
 	}
-	err := cerr(C.vx_session(cm, cuda, C.int(p.Device), stream, prof, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
+	var cdata unsafe.Pointer
+	if data != nil {
+		cdata = unsafe.Pointer(&data[0]) // read during the call only: no Go pointer is kept
+	}
+	err := cerr(C.vx_session(cm, cdata, C.size_t(len(data)), cuda, C.int(p.Device), stream, prof, ck, cv, C.int(len(keys)), &s.s, &s.mem, &s.alloc, &s.b))
 	if err != nil {
 		C.vx_session_free(s.s, s.mem, s.alloc, s.b)
 		C.vx_stream_free(stream)

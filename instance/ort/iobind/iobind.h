@@ -8,7 +8,8 @@
 
 // Every function returns NULL on success or an error message the caller must free().
 char* vx_init(const char* ort_path);
-char* vx_session(const char* model, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
+// model is a file's path, or with data set, the name of the model serialized in data[0, data_len).
+char* vx_session(const char* model, const void* data, size_t data_len, int cuda, int device, void* stream, const char* profile, const char** keys, const char** values, int n_opts,
                  OrtSession** out_session, OrtMemoryInfo** out_mem, OrtAllocator** out_alloc, OrtIoBinding** out_binding);
 void vx_session_free(OrtSession* s, OrtMemoryInfo* mem, OrtAllocator* alloc, OrtIoBinding* b);
 char* vx_tensor(OrtAllocator* alloc, const int64_t* shape, size_t rank, int elem, OrtValue** out, void** data);

@@ -1,9 +1,8 @@
-package piper
-
-// The ONNX protobuf, read and written in memory field by field (google.golang.org/protobuf's wire
-// format; voxmux carries no generated ONNX types): the voice's graph is edited to expose row
-// lengths (graph.go), to take each row's speed (speed.go) and to be cut at the decoder (split.go),
-// with every field it does not change kept byte for byte.
+// Package onnxedit reads and edits ONNX models in memory, field by field (google.golang.org/
+// protobuf's wire format; voxmux carries no generated ONNX types): the model families cut, extend
+// and convert their graphs with it, every field an edit does not change kept byte for byte. It
+// converts a graph to float16 too (Float16), its inputs and outputs staying float32.
+package onnxedit
 
 import (
 	"encoding/binary"
@@ -14,40 +13,41 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
-// onnxNode is one NodeProto of a graph.
-type onnxNode struct {
-	raw     []byte // the whole field, tag included
-	in, out []string
-	op      string
-	attrs   map[string]onnxAttr
+// Node is one NodeProto of a graph.
+type Node struct {
+	Raw     []byte // the whole field, tag included
+	In, Out []string
+	Op      string
+	Attrs   map[string]Attr
 }
 
-// onnxAttr is what voxmux reads of an AttributeProto.
-type onnxAttr struct {
-	i     int64
-	ints  []int64
-	s     string
-	graph bool // holds a subgraph (If, Loop, Scan): its outer-scope inputs are not listed
+// Attr is what voxmux reads of an AttributeProto.
+type Attr struct {
+	I     int64
+	Ints  []int64
+	S     string
+	Graph bool // holds a subgraph (If, Loop, Scan): its outer-scope inputs are not listed
 }
 
-// onnxGraph is a GraphProto read field by field, each field's bytes kept for re-encoding.
-type onnxGraph struct {
-	fields []graphField
-	nodes  []onnxNode
-	dims   map[string][]int64 // initializer name → dims
-	inputs map[string]bool
+// Graph is a GraphProto read field by field, each field's bytes kept for re-encoding.
+type Graph struct {
+	Fields []Field
+	Nodes  []Node
+	Dims   map[string][]int64 // initializer name → dims
+	Inputs map[string]bool    // the graph's inputs, initializers listed as inputs left out
 }
 
-type graphField struct {
-	num  protowire.Number
-	raw  []byte // tag and value
-	name string // for nodes: the index is kept in node; for initializers, inputs, outputs, value_info: the name
-	node int    // index into nodes, for field 1
+// Field is one field of a GraphProto.
+type Field struct {
+	Num  protowire.Number
+	Raw  []byte // tag and value
+	Name string // of an initializer, input, output or value_info
+	Node int    // index into Nodes, for field 1
 }
 
-// modelGraph finds the GraphProto (field 7) of a ModelProto: its bytes and where the field starts
+// ModelGraph finds the GraphProto (field 7) of a ModelProto: its bytes and where the field starts
 // and ends in data.
-func modelGraph(data []byte) (graph []byte, at, end int, err error) {
+func ModelGraph(data []byte) (graph []byte, at, end int, err error) {
 	pos := 0
 	for b := data; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -71,15 +71,15 @@ func modelGraph(data []byte) (graph []byte, at, end int, err error) {
 	return graph, at, end, nil
 }
 
-// replaceGraph is data with its graph field [at, end) replaced by graph.
-func replaceGraph(data []byte, at, end int, graph []byte) []byte {
+// ReplaceGraph is data with its graph field [at, end) replaced by graph.
+func ReplaceGraph(data []byte, at, end int, graph []byte) []byte {
 	out := make([]byte, 0, at+len(graph)+len(data)-end+16)
-	out = appendMessage(append(out, data[:at]...), 7, graph)
+	out = AppendMessage(append(out, data[:at]...), 7, graph)
 	return append(out, data[end:]...)
 }
 
-func parseGraph(b []byte) (*onnxGraph, error) {
-	g := &onnxGraph{dims: map[string][]int64{}, inputs: map[string]bool{}}
+func ParseGraph(b []byte) (*Graph, error) {
+	g := &Graph{Dims: map[string][]int64{}, Inputs: map[string]bool{}}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -89,86 +89,86 @@ func parseGraph(b []byte) (*onnxGraph, error) {
 		if m < 0 {
 			return nil, protowire.ParseError(m)
 		}
-		f := graphField{num: num, raw: b[:n+m]}
+		f := Field{Num: num, Raw: b[:n+m]}
 		if typ == protowire.BytesType {
 			v, _ := protowire.ConsumeBytes(b[n:])
 			var err error
 			switch num {
 			case 1:
-				var nd onnxNode
-				nd, err = parseNode(v)
-				nd.raw = f.raw
-				f.node = len(g.nodes)
-				g.nodes = append(g.nodes, nd)
+				var nd Node
+				nd, err = ParseNode(v)
+				nd.Raw = f.Raw
+				f.Node = len(g.Nodes)
+				g.Nodes = append(g.Nodes, nd)
 			case 5: // TensorProto: dims 1, name 8
 				var dims []int64
 				err = ort.EachFieldOrVarint(v, func(k protowire.Number, s []byte, x uint64) error {
 					switch {
 					case k == 8 && s != nil:
-						f.name = string(s)
+						f.Name = string(s)
 					case k == 1 && s == nil:
 						dims = append(dims, int64(x))
 					case k == 1 && s != nil:
-						dims = append(dims, packed(s)...)
+						dims = append(dims, Packed(s)...)
 					}
 					return nil
 				})
-				g.dims[f.name] = dims
+				g.Dims[f.Name] = dims
 			case 11, 12, 13: // ValueInfoProto: name 1
 				err = ort.EachField(v, func(k protowire.Number, s []byte) error {
 					if k == 1 {
-						f.name = string(s)
+						f.Name = string(s)
 					}
 					return nil
 				})
 				if num == 11 {
-					g.inputs[f.name] = true
+					g.Inputs[f.Name] = true
 				}
 			}
 			if err != nil {
 				return nil, err
 			}
 		}
-		g.fields = append(g.fields, f)
+		g.Fields = append(g.Fields, f)
 		b = b[n+m:]
 	}
-	for name := range g.dims {
-		delete(g.inputs, name) // an initializer listed as an input too (IR < 4) is a weight
+	for name := range g.Dims {
+		delete(g.Inputs, name) // an initializer listed as an input too (IR < 4) is a weight
 	}
 	return g, nil
 }
 
-func parseNode(v []byte) (onnxNode, error) {
-	nd := onnxNode{attrs: map[string]onnxAttr{}}
+func ParseNode(v []byte) (Node, error) {
+	nd := Node{Attrs: map[string]Attr{}}
 	err := ort.EachField(v, func(n protowire.Number, f []byte) error {
 		switch n {
 		case 1:
-			nd.in = append(nd.in, string(f))
+			nd.In = append(nd.In, string(f))
 		case 2:
-			nd.out = append(nd.out, string(f))
+			nd.Out = append(nd.Out, string(f))
 		case 4:
-			nd.op = string(f)
+			nd.Op = string(f)
 		case 5: // AttributeProto: name 1, i 3, s 4, g 6, ints 8, graphs 11
 			var name string
-			var a onnxAttr
+			var a Attr
 			err := ort.EachFieldOrVarint(f, func(k protowire.Number, b []byte, x uint64) error {
 				switch {
 				case k == 1 && b != nil:
 					name = string(b)
 				case k == 3 && b == nil:
-					a.i = int64(x)
+					a.I = int64(x)
 				case k == 4 && b != nil:
-					a.s = string(b)
+					a.S = string(b)
 				case (k == 6 || k == 11) && b != nil:
-					a.graph = true
+					a.Graph = true
 				case k == 8 && b == nil:
-					a.ints = append(a.ints, int64(x))
+					a.Ints = append(a.Ints, int64(x))
 				case k == 8 && b != nil:
-					a.ints = append(a.ints, packed(b)...)
+					a.Ints = append(a.Ints, Packed(b)...)
 				}
 				return nil
 			})
-			nd.attrs[name] = a
+			nd.Attrs[name] = a
 			return err
 		}
 		return nil
@@ -176,8 +176,8 @@ func parseNode(v []byte) (onnxNode, error) {
 	return nd, err
 }
 
-// packed decodes a packed repeated varint field.
-func packed(b []byte) []int64 {
+// Packed decodes a packed repeated varint field.
+func Packed(b []byte) []int64 {
 	var out []int64
 	for len(b) > 0 {
 		x, n := protowire.ConsumeVarint(b)
@@ -190,8 +190,8 @@ func packed(b []byte) []int64 {
 	return out
 }
 
-// valueInfo is a ValueInfoProto: a tensor of elemType and rank dims of unknown size.
-func valueInfo(name string, elemType int32, rank int) []byte {
+// ValueInfo is a ValueInfoProto: a tensor of elemType and rank dims of unknown size.
+func ValueInfo(name string, elemType int32, rank int) []byte {
 	var shape []byte
 	for i := range rank {
 		var dim []byte
@@ -215,15 +215,15 @@ func valueInfo(name string, elemType int32, rank int) []byte {
 	return protowire.AppendBytes(vi, typ)
 }
 
-// identityNode is a NodeProto copying in to out.
-func identityNode(in, out string) []byte {
-	return nodeProto(out+"_identity", "Identity", []string{in}, out)
+// IdentityNode is a NodeProto copying in to out.
+func IdentityNode(in, out string) []byte {
+	return NodeProto(out+"_identity", "Identity", []string{in}, out)
 }
 
-// editGraph replaces the model's graph (ModelProto field 7) by what edit makes of it; nil from
+// EditGraph replaces the model's graph (ModelProto field 7) by what edit makes of it; nil from
 // edit leaves the model as it is and returns nil.
-func editGraph(model []byte, edit func(graph []byte) ([]byte, error)) ([]byte, error) {
-	graph, at, end, err := modelGraph(model)
+func EditGraph(model []byte, edit func(graph []byte) ([]byte, error)) ([]byte, error) {
+	graph, at, end, err := ModelGraph(model)
 	if err != nil {
 		return nil, err
 	}
@@ -231,12 +231,12 @@ func editGraph(model []byte, edit func(graph []byte) ([]byte, error)) ([]byte, e
 	if err != nil || g == nil {
 		return nil, err
 	}
-	return replaceGraph(model, at, end, g), nil
+	return ReplaceGraph(model, at, end, g), nil
 }
 
-// eachRawField calls fn with every field of a message: its bytes as encoded (tag included) and,
+// EachRawField calls fn with every field of a message: its bytes as encoded (tag included) and,
 // for a length-delimited field, its value.
-func eachRawField(b []byte, fn func(num protowire.Number, raw, v []byte) error) error {
+func EachRawField(b []byte, fn func(num protowire.Number, raw, v []byte) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -261,13 +261,13 @@ func eachRawField(b []byte, fn func(num protowire.Number, raw, v []byte) error) 
 	return nil
 }
 
-func appendMessage(b []byte, num protowire.Number, msg []byte) []byte {
+func AppendMessage(b []byte, num protowire.Number, msg []byte) []byte {
 	b = protowire.AppendTag(b, num, protowire.BytesType)
 	return protowire.AppendBytes(b, msg)
 }
 
-// nodeProto encodes a NodeProto: input 1, output 2, name 3, op_type 4, attribute 5.
-func nodeProto(name, op string, inputs []string, output string, attrs ...[]byte) []byte {
+// NodeProto encodes a NodeProto: input 1, output 2, name 3, op_type 4, attribute 5.
+func NodeProto(name, op string, inputs []string, output string, attrs ...[]byte) []byte {
 	var b []byte
 	for _, in := range inputs {
 		b = protowire.AppendTag(b, 1, protowire.BytesType)
@@ -280,13 +280,13 @@ func nodeProto(name, op string, inputs []string, output string, attrs ...[]byte)
 	b = protowire.AppendTag(b, 4, protowire.BytesType)
 	b = protowire.AppendString(b, op)
 	for _, a := range attrs {
-		b = appendMessage(b, 5, a)
+		b = AppendMessage(b, 5, a)
 	}
 	return b
 }
 
-// intAttribute encodes an AttributeProto of type INT: name 1, i 3, type 20 (INT = 2).
-func intAttribute(name string, v int64) []byte {
+// IntAttribute encodes an AttributeProto of type INT: name 1, i 3, type 20 (INT = 2).
+func IntAttribute(name string, v int64) []byte {
 	var b []byte
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendString(b, name)
@@ -296,8 +296,8 @@ func intAttribute(name string, v int64) []byte {
 	return protowire.AppendVarint(b, 2)
 }
 
-// int64Scalar encodes a 0-d int64 TensorProto: data_type 2, name 8, raw_data 9.
-func int64Scalar(name string, v int64) []byte {
+// Int64Scalar encodes a 0-d int64 TensorProto: data_type 2, name 8, raw_data 9.
+func Int64Scalar(name string, v int64) []byte {
 	var b []byte
 	b = protowire.AppendTag(b, 2, protowire.VarintType)
 	b = protowire.AppendVarint(b, ort.ONNXInt64)
