@@ -2,6 +2,7 @@ package voxcpm
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 
@@ -63,12 +64,28 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 	for i, o := range outs {
 		rel := engine.RelRMS(got[i][0], got[i][1])
 		bad = bad || !(rel <= engine.ReplayTolerance)
-		diffs = append(diffs, fmt.Sprintf("%s %.3g", o.name, rel))
+		d := fmt.Sprintf("%s %.3g", o.name, rel)
+		// Which side is not finite tells a replay's garbage from inputs that make any run NaN.
+		if r, p := nonFinite(got[i][0]), nonFinite(got[i][1]); r+p > 0 {
+			d += fmt.Sprintf(" (non-finite values: %d replayed, %d uncaptured)", r, p)
+		}
+		diffs = append(diffs, d)
 	}
 	if bad {
 		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
 	}
 	return nil
+}
+
+// nonFinite counts x's NaN and infinite values.
+func nonFinite(x []float32) int {
+	n := 0
+	for _, v := range x {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			n++
+		}
+	}
+	return n
 }
 
 // randomFloats are n standard normal values times scale, from a generator seeded by seed.

@@ -1,6 +1,7 @@
 package voxcpm
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -36,5 +37,13 @@ func TestCaptureCheck(t *testing.T) {
 	err = checkCapture("vae_decoder, changing inputs", g.v.thread, g.v.s, b.run[0], set, compared{"audio", b.audio})
 	if err == nil || !strings.Contains(err.Error(), "differs from an uncaptured run (relative rms: audio ") {
 		t.Fatalf("runs of different inputs: %v", err)
+	}
+}
+
+// nonFinite counts NaN and infinities, which the capture check reports per side.
+func TestNonFinite(t *testing.T) {
+	x := []float32{1, float32(math.NaN()), float32(math.Inf(1)), -2, float32(math.Inf(-1))}
+	if n := nonFinite(x); n != 3 {
+		t.Fatalf("nonFinite = %d, want 3", n)
 	}
 }
