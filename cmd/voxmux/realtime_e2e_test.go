@@ -59,7 +59,10 @@ func TestRealtimeAgainstServe(t *testing.T) {
 	if m := read(); m.Type != "session.created" {
 		t.Fatalf("session.config answered %+v", m)
 	}
-	long := strings.Repeat("A long reply that the user interrupts before it ends ", 3)
+	// Long enough that its synthesis is still running when the barge-in arrives, however fast the
+	// machine: a reply of 160 characters was at times synthesized whole before the cancel arrived, on
+	// a loaded 2-core machine.
+	long := strings.Repeat("A long reply that the user interrupts before it ends ", 25)
 	for _, tok := range strings.SplitAfter(long, " ") {
 		send(map[string]any{"type": "input.text", "context_id": "reply", "text": tok})
 	}
