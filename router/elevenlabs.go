@@ -138,15 +138,6 @@ func elevenError(ctx *fasthttp.RequestCtx, status int, code, msg string) {
 	ctx.SetBody(body)
 }
 
-// elevenAPIError answers an error of the OpenAI API's checks in ElevenLabs' shape.
-func elevenAPIError(ctx *fasthttp.RequestCtx, e *apiError) {
-	code := "invalid_request"
-	if e.Code != nil {
-		code = *e.Code
-	}
-	elevenError(ctx, e.Status, code, e.Message)
-}
-
 // elevenModel checks a model_id: the served model, one of its aliases, or one of ElevenLabs' ids.
 func (s *Server) elevenModel(id string) error {
 	m := s.o.Pool.Model()

@@ -684,11 +684,3 @@ func (s *flowChunks) ownTensors(t *chunkRunTensors, B, P, N int) error {
 	}
 	return nil
 }
-
-func fill(n int, v float32) []float32 {
-	out := make([]float32, n)
-	for i := range out {
-		out[i] = v
-	}
-	return out
-}

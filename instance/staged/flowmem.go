@@ -39,13 +39,6 @@ func (m *flowMemory) setLimit(n int64) {
 	m.mu.Unlock()
 }
 
-// stats3 are the bytes allocated, reserved and the limit.
-func (m *flowMemory) stats3() (used, reserved, limit int64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.used, m.reserved, m.limit
-}
-
 // reserve promises n bytes to a batch, if they fit.
 func (m *flowMemory) reserve(n int64) (*flowGrant, bool) {
 	m.mu.Lock()

@@ -106,8 +106,7 @@ func (p *Pipeline) fitFlowKV(o Options) error {
 	if err != nil {
 		return fmt.Errorf("flow_kv_memory_mb: %w", err)
 	}
-	used, _, _ := p.flowMem.stats3()
-	limit := flowKVFit(p.opt.flowKVBytes, used, free, total)
+	limit := flowKVFit(p.opt.flowKVBytes, p.flowMem.stats().Bytes, free, total)
 	p.flowMem.setLimit(limit)
 	if o.FlowPromptCacheMB == 0 {
 		p.prompts.setLimit(min(p.opt.promptCacheBytes, limit/4))

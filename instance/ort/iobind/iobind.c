@@ -38,6 +38,8 @@ static cudaStreamDestroy_t cu_stream_destroy;
 static cudaHostAlloc_t cu_host_alloc;
 static cudaFreeHost_t cu_free_host;
 static cudaMemcpyAsync_t cu_memcpy;
+typedef int (*cudaMemGetInfo_t)(size_t*, size_t*);
+static cudaMemGetInfo_t cu_mem_get_info;
 #define VX_MAX_DEVICES 64
 static void* streams[VX_MAX_DEVICES];
 static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -103,8 +105,9 @@ static char* load_cudart(void) {
 	cu_host_alloc = (cudaHostAlloc_t)dlsym(h, "cudaHostAlloc");
 	cu_free_host = (cudaFreeHost_t)dlsym(h, "cudaFreeHost");
 	cu_memcpy = (cudaMemcpyAsync_t)dlsym(h, "cudaMemcpyAsync");
+	cu_mem_get_info = (cudaMemGetInfo_t)dlsym(h, "cudaMemGetInfo");
 	if (!cu_set_device || !cu_memcpy2d || !cu_memset || !cu_stream_create || !cu_stream_sync || !cu_capture_mode || !cu_err ||
-	    !cu_priority_range || !cu_stream_create_priority || !cu_stream_destroy || !cu_host_alloc || !cu_free_host || !cu_memcpy)
+	    !cu_priority_range || !cu_stream_create_priority || !cu_stream_destroy || !cu_host_alloc || !cu_free_host || !cu_memcpy || !cu_mem_get_info)
 		return msg("libcudart", "missing symbols");
 	return NULL;
 }
@@ -302,19 +305,10 @@ char* vx_zero(int cuda, int device, void* dst, size_t bytes) {
 
 // vx_mem_info reads the device's free and total memory (cudaMemGetInfo).
 char* vx_mem_info(int device, size_t* free_b, size_t* total_b) {
-	typedef int (*cudaMemGetInfo_t)(size_t*, size_t*);
-	static cudaMemGetInfo_t get = NULL;
 	char* e = load_cudart();
-	if (e) return e;
-	if (!get) {
-		void* h = dlopen("libcudart.so.13", RTLD_NOW | RTLD_NOLOAD);
-		if (!h) h = dlopen("libcudart.so.12", RTLD_NOW | RTLD_NOLOAD);
-		if (!h) h = dlopen("libcudart.so", RTLD_NOW | RTLD_NOLOAD);
-		if (h) get = (cudaMemGetInfo_t)dlsym(h, "cudaMemGetInfo");
-		if (!get) return msg("libcudart", "no cudaMemGetInfo");
-	}
-	if ((e = cuda_check(cu_set_device(device), "cudaSetDevice"))) return e;
-	return cuda_check(get(free_b, total_b), "cudaMemGetInfo");
+	if (!e) e = cuda_check(cu_set_device(device), "cudaSetDevice");
+	if (!e) e = cuda_check(cu_mem_get_info(free_b, total_b), "cudaMemGetInfo");
+	return e;
 }
 
 void vx_stream_free(void* stream) {
