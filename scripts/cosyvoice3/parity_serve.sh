@@ -1,9 +1,13 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2154  # work, provider, bin, ort and repo are the caller's
+# shellcheck disable=SC2154  # work and provider are the caller's
 # Sourced by parity_server.sh and parity_stream_server.sh: serves one manifest with voxmux, sends
-# one request and stops the server. The callers set work, provider (cpu | cuda), bin (voxmux) and
-# ort (ONNX Runtime's folder). The engine runs without CUDA graphs and with one vocoder session
-# of any shape, so that every run computes what the reference computes, in its own shape.
+# one request and stops the server. The callers set work and provider (cpu | cuda); repo, bin
+# (voxmux: $VOXMUX or bin/voxmux) and ort (ONNX Runtime's folder: $ORT_DIR or
+# third_party/onnxruntime) are set here. The engine runs without CUDA graphs and with one vocoder
+# session of any shape, so that every run computes what the reference computes, in its own shape.
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+bin=${VOXMUX:-$repo/bin/voxmux}
+ort=${ORT_DIR:-$repo/third_party/onnxruntime}
 
 # serve_once NAME MANIFEST PORT REQUEST OUT [ENGINE_KEYS]
 # ENGINE_KEYS: more engine options, as YAML flow-mapping entries ("flow_chunk_emit: cosyvoice").

@@ -19,12 +19,9 @@ set -euo pipefail
 work=${1:?usage: scripts/cosyvoice3/parity_stream_server.sh WORK cpu|cuda [REPORT_DIR]}
 provider=${2:?provider}
 report=${3:-$work}
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-bin=${VOXMUX:-$repo/bin/voxmux}
-ort=${ORT_DIR:-$repo/third_party/onnxruntime}
 mkdir -p "$report"
 # shellcheck source=scripts/cosyvoice3/parity_serve.sh
-. "$repo/scripts/cosyvoice3/parity_serve.sh"
+. "$(dirname "$0")/parity_serve.sh"
 
 out=$work/out
 server_parity manifest "$out/pipeline.yaml" "$out/parity-stream.yaml" --chunk-flow
