@@ -36,6 +36,23 @@ type chunkRound []struct {
 	last   bool
 }
 
+// chunkGraphRounds are five rounds of batches of 1 to 3 streams in voice v with different past
+// lengths: an early first chunk, whole chunks, a two-chunk first chunk, short last chunks.
+func chunkGraphRounds(m *Manifest, v *Voice) []chunkRound {
+	CF, R := m.Flow.ChunkFrames, m.Flow.FramesPerToken
+	P := len(v.SpeechTokens) * R // the voice's frames: stream 0's frames start there
+	next := func(f int) int { return (f/CF + 1) * CF }
+	a1 := P + 8*R // early: 8 tokens
+	a2 := next(a1)
+	return []chunkRound{
+		{{0, a1, false}},
+		{{0, a2, false}, {1, 2 * CF, false}},
+		{{0, next(a2), false}, {1, 3 * CF, false}, {2, 8 * R, false}},
+		{{0, next(a2) + 17, true}, {1, 4 * CF, false}, {2, CF, false}},
+		{{1, 4*CF + 9, true}, {2, 2 * CF, false}},
+	}
+}
+
 // runChunkRounds drives streams through fc round by round and returns each round's rows' mels
 // and the bucket each round ran in (nil: its own shape).
 func runChunkRounds(t *testing.T, fc *flowChunks, voice *Voice, rounds []chunkRound) ([][][]float32, []*chunkBucket) {
@@ -102,18 +119,7 @@ func TestChunkGraphBucketsMatchOwnShapes(t *testing.T) {
 	if v == nil || len(v.SpeechTokens) == 0 {
 		t.Fatal("the tiny export's bench voice has no prompt")
 	}
-	CF, R := m.Flow.ChunkFrames, m.Flow.FramesPerToken
-	P := len(v.SpeechTokens) * R // the voice's frames: stream 0's frames start there
-	next := func(f int) int { return (f/CF + 1) * CF }
-	a1 := P + 8*R // early: 8 tokens
-	a2 := next(a1)
-	rounds := []chunkRound{
-		{{0, a1, false}},
-		{{0, a2, false}, {1, 2 * CF, false}},
-		{{0, next(a2), false}, {1, 3 * CF, false}, {2, 8 * R, false}},
-		{{0, next(a2) + 17, true}, {1, 4 * CF, false}, {2, CF, false}},
-		{{1, 4*CF + 9, true}, {2, 2 * CF, false}},
-	}
+	rounds := chunkGraphRounds(m, v)
 	want, own := runChunkRounds(t, plain, v, rounds)
 	for i, b := range own {
 		if b != nil {

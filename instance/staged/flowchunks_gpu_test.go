@@ -59,16 +59,7 @@ func TestChunkFlowOnGPU(t *testing.T) {
 
 	// A batch of streams in two voices with prompts: the export's first voice with one, and the
 	// same prompt at half the level (another voice to the prompt cache).
-	var v *Voice
-	for _, name := range m.Voices {
-		if w := m.voice(name); w != nil && len(w.SpeechTokens) > 0 {
-			v = w
-			break
-		}
-	}
-	if v == nil {
-		t.Fatalf("%s: no voice with a prompt", m.File)
-	}
+	v := promptVoice(t, m)
 	M := m.Flow.MelBins
 	half := frameMajor(v.Mel, M, len(v.Mel)/M)
 	for i := range half {
@@ -282,27 +273,9 @@ func TestChunkFlowGraphsOnGPU(t *testing.T) {
 	if plainBuckets > 0 {
 		t.Errorf("%d buckets' replays differ from their uncaptured runs", plainBuckets)
 	}
-	var v *Voice
-	for _, name := range m.Voices {
-		if w := m.voice(name); w != nil && len(w.SpeechTokens) > 0 {
-			v = w
-			break
-		}
-	}
-	if v == nil {
-		t.Fatalf("%s: no voice with a prompt", m.File)
-	}
-	CF, R := m.Flow.ChunkFrames, m.Flow.FramesPerToken
-	P := len(v.SpeechTokens) * R
-	next := func(f int) int { return (f/CF + 1) * CF }
-	a1 := P + 8*R
-	a2 := next(a1)
-	rounds := []chunkRound{
-		{{0, a1, false}},
-		{{0, a2, false}, {1, 2 * CF, false}},
-		{{0, next(a2), false}, {1, 3 * CF, false}, {2, 8 * R, false}},
-		{{0, next(a2) + 17, true}, {1, 4 * CF, false}, {2, CF, false}},
-	}
+	v := promptVoice(t, m)
+	rounds := chunkGraphRounds(m, v)[:4]
+	CF := m.Flow.ChunkFrames
 	want, _ := runChunkRounds(t, plain, v, rounds)
 	got, used := runChunkRounds(t, graphs, v, rounds)
 	worst := 0.0
@@ -356,4 +329,16 @@ func TestChunkFlowGraphsOnGPU(t *testing.T) {
 		t.Logf("one row, %d past frames, %d new: %.1f ms per flow run (%d Euler steps), %s",
 			st.done(), CF, float64(time.Since(t1).Microseconds())/1000/n, m.Flow.Steps, what)
 	}
+}
+
+// promptVoice is the manifest's first voice with a prompt.
+func promptVoice(t *testing.T, m *Manifest) *Voice {
+	t.Helper()
+	for _, name := range m.Voices {
+		if w := m.voice(name); w != nil && len(w.SpeechTokens) > 0 {
+			return w
+		}
+	}
+	t.Fatalf("%s: no voice with a prompt", m.File)
+	return nil
 }
