@@ -48,12 +48,13 @@ func TestPiperSplit(t *testing.T) {
 	}
 }
 
-// chunkRunner opens a voice with options o and returns its loaded session.
-func chunkRunner(t *testing.T, path string, o Options) (*Runner, *piperSession) {
+// openRunner opens voice path on provider with options o, noise off, and returns its loaded
+// session.
+func openRunner(t *testing.T, path, provider string, o Options) (*Runner, *piperSession) {
 	t.Helper()
-	r, _, err := openPiper(tts.LoadConfig{Manifest: path, Provider: "cpu", ORTLibrary: ortLibrary(t), Engine: section(t, o)})
+	r, _, err := openPiper(tts.LoadConfig{Manifest: path, Provider: provider, ORTLibrary: ortLibrary(t), Engine: section(t, o)})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s on %s: %v", path, provider, err)
 	}
 	t.Cleanup(func() { r.Close() })
 	for _, f := range r.m.Files {
@@ -64,6 +65,13 @@ func chunkRunner(t *testing.T, path string, o Options) (*Runner, *piperSession) 
 		t.Fatal(err)
 	}
 	t.Cleanup(release)
+	return r, s
+}
+
+// chunkRunner opens a voice on the CPU with options o and returns its loaded session.
+func chunkRunner(t *testing.T, path string, o Options) (*Runner, *piperSession) {
+	t.Helper()
+	r, s := openRunner(t, path, "cpu", o)
 	if (s.chunks != nil) != (o.Decode != DecodeSentences) {
 		t.Fatalf("%s: chunked %v with piper_decode %q", path, s.chunks != nil, o.Decode)
 	}

@@ -22,19 +22,7 @@ var jennyVoice = cmp.Or(os.Getenv("VOXMUX_PIPER_JENNY"), "../../models/voices/en
 // gpuRunner opens voice path on provider with options o, noise off, and returns its session.
 func gpuRunner(t *testing.T, path, provider string, o Options) *piperSession {
 	t.Helper()
-	r, _, err := openPiper(tts.LoadConfig{Manifest: path, Provider: provider, ORTLibrary: ortLibrary(t), Engine: section(t, o)})
-	if err != nil {
-		t.Fatalf("%s on %s: %v", path, provider, err)
-	}
-	t.Cleanup(func() { r.Close() })
-	for _, f := range r.m.Files {
-		f.scales = [3]float32{0, 1, 0} // deterministic: no noise
-	}
-	s, release, err := r.cache.acquire(r.m.Files[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(release)
+	_, s := openRunner(t, path, provider, o)
 	return s
 }
 
