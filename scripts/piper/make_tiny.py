@@ -70,16 +70,27 @@ assert len(PHONEMES) == 159 and len(set(PHONEMES)) == 159, len(PHONEMES)
 PHONEME_ID_MAP = {p: [i] for i, p in enumerate(PHONEMES)}
 
 
-def build_graph(name, num_speakers, bench, rng):
-    inits, nodes = [], []
+class Graph:
+    """A graph's initializers and nodes as they are added: const and node return the name made."""
 
-    def const(n, arr):
-        inits.append(numpy_helper.from_array(np.asarray(arr), n))
+    def __init__(self):
+        self.inits, self.nodes = [], []
+
+    def const(self, n, arr):
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), n))
         return n
 
-    def node(op, ins, outs, **kw):
-        nodes.append(helper.make_node(op, ins, outs, **kw))
+    def node(self, op, ins, outs, **kw):
+        self.nodes.append(helper.make_node(op, ins, outs, **kw))
         return outs[0]
+
+    def make(self, name, inputs, outputs):
+        return helper.make_graph(self.nodes, name, inputs, outputs, self.inits)
+
+
+def build_graph(name, num_speakers, bench, rng):
+    parts = Graph()
+    const, node = parts.const, parts.node
 
     channels = 32 if bench else 8
     layers = 4 if bench else 2
@@ -151,7 +162,7 @@ def build_graph(name, num_speakers, bench, rng):
     if num_speakers > 1:
         inputs.append(helper.make_tensor_value_info("sid", INT64, [1]))
     outputs = [helper.make_tensor_value_info("output", FLOAT, [1, 1, 1, "time"])]
-    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    graph = parts.make(name, inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name=PRODUCER, producer_version="1")
     model.ir_version = IR_VERSION

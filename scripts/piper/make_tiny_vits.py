@@ -28,11 +28,11 @@ import os
 import sys
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 import onnx
 
 from ..common.paths import REPO
-from .make_tiny import IR_VERSION, NUM_SYMBOLS, OPSET, voice_config, write_voice
+from .make_tiny import IR_VERSION, NUM_SYMBOLS, OPSET, Graph, voice_config, write_voice
 
 SEED = 4321
 PRODUCER = "voxmux scripts/piper/make_tiny_vits.py"
@@ -43,15 +43,8 @@ FRAMES_PER_ID = 3.0  # exp of the duration bias
 
 
 def build_graph(name, num_speakers, rng):
-    inits, nodes = [], []
-
-    def const(n, arr):
-        inits.append(numpy_helper.from_array(np.asarray(arr), n))
-        return n
-
-    def node(op, ins, outs, **kw):
-        nodes.append(helper.make_node(op, ins, outs, **kw))
-        return outs[0]
+    parts = Graph()
+    const, node = parts.const, parts.node
 
     def weight(n, *shape, scale=1.0):
         fan_in = int(np.prod(shape[1:]))
@@ -143,7 +136,7 @@ def build_graph(name, num_speakers, rng):
     if multi:
         inputs.append(helper.make_tensor_value_info("sid", INT64, ["batch"]))
     outputs = [helper.make_tensor_value_info("output", FLOAT, ["batch", 1, 1, "time"])]
-    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
+    graph = parts.make(name, inputs, outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                               producer_name=PRODUCER, producer_version="1")
     model.ir_version = IR_VERSION
