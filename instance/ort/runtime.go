@@ -153,7 +153,13 @@ func (r *Runtime) DeviceMemory() uint64 {
 
 // sessionOptions makes session options for the runtime's provider, its CUDA provider options
 // replaced by those in cuda.
-func (r *Runtime) sessionOptions(cuda map[string]string) (_ *onnxrt.SessionOptions, err error) {
+func (r *Runtime) sessionOptions(cuda map[string]string) (*onnxrt.SessionOptions, error) {
+	return r.newOptions(r.intraOp, r.provider == "cuda", cuda)
+}
+
+// newOptions makes session options with threads intra-op threads (0: ONNX Runtime's default) and,
+// when onCUDA, the CUDA provider with the runtime's options replaced by those in cuda.
+func (r *Runtime) newOptions(threads int, onCUDA bool, cuda map[string]string) (_ *onnxrt.SessionOptions, err error) {
 	opts, err := onnxrt.NewSessionOptions()
 	if err != nil {
 		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
@@ -163,12 +169,12 @@ func (r *Runtime) sessionOptions(cuda map[string]string) (_ *onnxrt.SessionOptio
 			opts.Destroy()
 		}
 	}()
-	if r.intraOp > 0 {
-		if err := opts.SetIntraOpNumThreads(r.intraOp); err != nil {
+	if threads > 0 {
+		if err := opts.SetIntraOpNumThreads(threads); err != nil {
 			return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
 		}
 	}
-	if r.provider != "cuda" {
+	if !onCUDA {
 		return opts, nil
 	}
 	p, err := onnxrt.NewCUDAProviderOptions()
@@ -265,6 +271,14 @@ func (r *Runtime) SessionWith(cuda map[string]string, name, file string, inputs,
 }
 
 func (r *Runtime) load(opts *onnxrt.SessionOptions, name, file string, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
+	return r.open(opts, name, file, func() (*onnxrt.DynamicAdvancedSession, error) {
+		return onnxrt.NewDynamicAdvancedSession(file, inputs, outputs, opts)
+	})
+}
+
+// open makes a session with opts through create, profiled when the runtime profiles; what names
+// the graph (its file, or the name of one held in memory) in an error.
+func (r *Runtime) open(opts *onnxrt.SessionOptions, name, what string, create func() (*onnxrt.DynamicAdvancedSession, error)) (*onnxrt.DynamicAdvancedSession, error) {
 	if r.profile != "" {
 		// Profiling is switched on for this session alone: ONNX Runtime names a profile by prefix
 		// and second, and sessions made in the same second from shared options would collide.
@@ -273,9 +287,9 @@ func (r *Runtime) load(opts *onnxrt.SessionOptions, name, file string, inputs, o
 		}
 		defer opts.DisableProfiling()
 	}
-	s, err := onnxrt.NewDynamicAdvancedSession(file, inputs, outputs, opts)
+	s, err := create()
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", file, err)
+		return nil, fmt.Errorf("load %s: %w", what, err)
 	}
 	return s, nil
 }
@@ -362,29 +376,16 @@ func (r *Runtime) SessionFromDataWith(cuda map[string]string, name string, data 
 // core); name tells its profile apart. Its inputs and outputs are host tensors, as those of every
 // session made here, so its outputs can feed a CUDA session directly.
 func (r *Runtime) CPUSessionFromData(threads int, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
-	opts, err := onnxrt.NewSessionOptions()
+	opts, err := r.newOptions(threads, false, nil)
 	if err != nil {
-		return nil, fmt.Errorf("onnxruntime: session options: %w", err)
+		return nil, err
 	}
 	defer opts.Destroy()
-	if threads > 0 {
-		if err := opts.SetIntraOpNumThreads(threads); err != nil {
-			return nil, fmt.Errorf("onnxruntime: intra_op_num_threads: %w", err)
-		}
-	}
 	return r.loadData(opts, name, data, inputs, outputs)
 }
 
 func (r *Runtime) loadData(opts *onnxrt.SessionOptions, name string, data []byte, inputs, outputs []string) (*onnxrt.DynamicAdvancedSession, error) {
-	if r.profile != "" {
-		if err := opts.EnableProfiling(r.ProfilePrefix(name)); err != nil {
-			return nil, fmt.Errorf("onnxruntime: profile: %w", err)
-		}
-		defer opts.DisableProfiling()
-	}
-	s, err := onnxrt.NewDynamicAdvancedSessionWithONNXData(data, inputs, outputs, opts)
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", name, err)
-	}
-	return s, nil
+	return r.open(opts, name, name, func() (*onnxrt.DynamicAdvancedSession, error) {
+		return onnxrt.NewDynamicAdvancedSessionWithONNXData(data, inputs, outputs, opts)
+	})
 }
