@@ -372,31 +372,73 @@ def export_lms(prefill, step, cfg, out, dtype, device):
     axes.update({n: {0: "B"} for n in ("mu", "cond", "noise", "cfg_value", "seqlens_k", "patch", "next_mu",
                                        "next_stop_logits")})
     log("exporting step.onnx (%d timesteps unrolled)" % step.timesteps)
-    export(step, args, os.path.join(out, "step.onnx"), names_in, names_out, axes)
+    path = os.path.join(out, "step.onnx")
+    export(step, args, path, names_in, names_out, axes)
+    check_capturable(path, parts=False)
 
 
-def check_capturable(path):
-    """What the VAE decoder's CUDA graphs need of the graph: no float tensors joined by Concat
-    (ONNX Runtime's CUDA graphs replay a Concat of unequal parts wrongly; voxcpm_net.before), no
-    tensor's shape read at run time (ONNX Runtime computes Shape and the arithmetic on it on the
-    CPU, and captures no session with a node off the GPU), and no tensor fed to several Slices
-    (ONNX Runtime fuses them into one Split, whose CUDA kernel stages unequal sizes in host memory,
-    read stale by a replay)."""
+def check_capturable(path, parts=True):
+    """What CUDA graphs need of a graph. Everywhere: no tensor's shape read at run time (ONNX
+    Runtime computes Shape and the arithmetic on it on the CPU, and captures no session with a
+    node off the GPU), and no MatMul whose batch dimensions broadcast (its CUDA kernel passes
+    cuBLAS an array of pointers staged in host memory at each run, which a replay reads stale:
+    the step's replay was NaN). With parts (the VAE decoder's graph): no float tensors joined by
+    Concat (ONNX Runtime's CUDA graphs replay a Concat of unequal parts wrongly;
+    voxcpm_net.before), and no tensor fed to several Slices (ONNX Runtime fuses them into one
+    Split, whose CUDA kernel stages unequal sizes in host memory)."""
     import collections
     import onnx
-    m = onnx.shape_inference.infer_shapes(onnx.load(path, load_external_data=False))
+    m = onnx.load(path, load_external_data=False)
+    bad = [n.name for n in m.graph.node if n.op_type in ("Shape", "Size")]
+    if bad:
+        raise SystemExit("%s: reads shapes at run time (%d nodes, e.g. %s)" % (path, len(bad), bad[:3]))
+    bad = broadcast_matmuls(m)
+    if bad:
+        raise SystemExit("%s: MatMul with broadcast batch dimensions (%d, e.g. %s)" % (path, len(bad), bad[:3]))
+    if not parts:
+        return
+    m = onnx.shape_inference.infer_shapes(m)
     types = {v.name: v.type.tensor_type.elem_type for v in list(m.graph.value_info) + list(m.graph.output)}
     bad = [n.name for n in m.graph.node if n.op_type == "Concat"
            and types.get(n.output[0]) in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, None)]
     if bad:
         raise SystemExit("%s: Concat of float tensors (or of unknown type): %s" % (path, bad[:5]))
-    bad = [n.name for n in m.graph.node if n.op_type in ("Shape", "Size")]
-    if bad:
-        raise SystemExit("%s: reads shapes at run time (%d nodes, e.g. %s)" % (path, len(bad), bad[:3]))
     slices = collections.Counter(n.input[0] for n in m.graph.node if n.op_type == "Slice")
     many = [t for t, k in slices.items() if k > 1]
     if many:
         raise SystemExit("%s: tensors sliced several times, which ONNX Runtime fuses into a Split: %s" % (path, many[:3]))
+
+
+def broadcast_matmuls(m, size=3):
+    """The MatMul nodes of model m (weights not needed) whose batch dimensions differ between the
+    two sides, or whose right side has batch dimensions the left lacks: ONNX Runtime's CUDA MatMul
+    runs those through pointer arrays instead of one strided batched GEMM. Shapes are inferred
+    with every symbolic input dimension set to size (not 1, which would hide a broadcast);
+    dimensions left symbolic count as equal."""
+    import copy
+    import onnx
+    m = copy.deepcopy(m)
+    for i in m.graph.input:
+        for d in i.type.tensor_type.shape.dim:
+            if d.dim_param:
+                d.dim_value = size
+    del m.graph.value_info[:]
+    m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+              for v in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output)
+              if v.type.tensor_type.HasField("shape")}
+    shapes.update({t.name: list(t.dims) for t in m.graph.initializer})
+    bad = []
+    for n in m.graph.node:
+        if n.op_type != "MatMul":
+            continue
+        a, b = shapes.get(n.input[0]), shapes.get(n.input[1])
+        if a is None or b is None or len(b) < 3:
+            continue
+        if len(a) < 3 or len(a) != len(b) or any(x is not None and y is not None and x != y
+                                                 for x, y in zip(a[:-2], b[:-2])):
+            bad.append(n.name)
+    return bad
 
 
 def export_vae(vae, cfg, out, device):

@@ -351,22 +351,27 @@ def rotate(x, cos, sin, h):
 
 def attend(q, k, v, c, S, rope, causal):
     """Attention of S tokens among themselves. q [N,S,heads*d], k/v [N,S,kv*d] -> [N,S,heads*d].
-    Query head h reads key head h // (heads/kv) (SDPA's enable_gqa); the groups broadcast in the
-    matmul instead of repeating the keys."""
+    Query head h reads key head h // (heads/kv) (SDPA's enable_gqa). A key head's G query heads
+    are stacked as G*S rows of one matrix, so both matmuls have the same batch dimensions [N,KV]
+    on each side: ONNX Runtime's CUDA MatMul runs that as one strided batched GEMM, where a
+    batch that broadcasts (the query's G against the key's 1) goes through cuBLAS's pointer-array
+    GEMM, whose pointers it stages in host memory per run, which a CUDA graph's replay reads
+    stale (NaN)."""
     H, KV, d = c.heads, c.kv_heads, c.head_dim
     G = H // KV
     q = q.reshape(-1, S, KV, G, d).permute(0, 2, 3, 1, 4)          # [N,KV,G,S,d]
-    k = k.reshape(-1, S, KV, 1, d).permute(0, 2, 3, 1, 4)          # [N,KV,1,S,d]
-    v = v.reshape(-1, S, KV, 1, d).permute(0, 2, 3, 1, 4)
+    k = k.reshape(-1, S, KV, d).permute(0, 2, 1, 3)                 # [N,KV,S,d]
+    v = v.reshape(-1, S, KV, d).permute(0, 2, 1, 3)
     if rope is not None:
         cos, sin = rope[0].to(q.device), rope[1].to(q.device)
         q, k = rotate(q, cos, sin, d // 2), rotate(k, cos, sin, d // 2)
+    q = q.reshape(-1, KV, G * S, d)                                 # row g*S+i: head g, token i
     scores = torch.matmul(q * (1.0 / math.sqrt(d)), k.transpose(-1, -2)).float()
     if causal:
-        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).tril()
+        mask = torch.ones(S, S, dtype=torch.bool, device=q.device).tril().repeat(G, 1)
         scores = scores.masked_fill(~mask, float("-inf"))
     p = torch.softmax(scores, dim=-1).to(v.dtype)
-    out = torch.matmul(p, v)                                        # [N,KV,G,S,d]
+    out = torch.matmul(p, v).reshape(-1, KV, G, S, d)              # [N,KV,G,S,d]
     return out.permute(0, 3, 1, 2, 4).reshape(-1, S, H * d)
 
 
