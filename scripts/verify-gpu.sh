@@ -375,6 +375,8 @@ PY
 # manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP. Responses
 # are FORMAT (default wav: at the model's 44.1 kHz, which a build without FFmpeg serves; pcm is
 # resampled to 24 kHz and needs FFmpeg). BASELINE=0 leaves the baseline out (voxmux alone).
+# VARIANTS="A;B" serves and sweeps voxmux once per variant of group options (", lm_cuda_graph: on"),
+# against one baseline process; reports in BENCH_OUT-1, BENCH_OUT-2, ... (default $LOGS/voxbench-N).
 # voxmanifest: $VOX/pipeline-bench.yaml, the export's manifest with generation.max_len CAP (and
 # min_len CAP unless IGNORE_STOP=0).
 voxmanifest() {
@@ -390,18 +392,6 @@ voxbench() {
   local cap=${CAP:-64} stop=() manifest=${VOX:-/tmp/vox}/pipeline-bench.yaml
   voxmanifest || return 1
   [ "${IGNORE_STOP:-1}" = 1 ] && stop=(--ignore-stop)
-  cat > "$logs/vox.yaml" <<YAML
-listen: 127.0.0.1:8086
-model: $manifest
-provider: cuda
-onnxruntime: $ort/libonnxruntime.so
-request_timeout: 10m
-queue: {size: 2048, timeout: 5m}
-groups:
-  - {name: gpu0, gpus: [0], max_inflight: 256${GROUP_EXTRA:-}}
-YAML
-  "$bin" serve --config "$logs/vox.yaml" > "$logs/vox.log" 2>&1 &
-  local vpid=$!
   local voices=() bpid="" compare=()
   [ -d "$vox/voices" ] && voices=(--voices "$vox/voices")
   if [ "${BASELINE:-1}" = 1 ]; then
@@ -410,18 +400,41 @@ YAML
     bpid=$!
     compare=(--compare http://127.0.0.1:8087 --compare-concurrency "${BASE_LEVELS:-1}")
   fi
-  wait_ready http://127.0.0.1:8086 300 $vpid || { echo "voxmux not ready"; tail -20 "$logs/vox.log"; kill $vpid $bpid; return 1; }
-  if [ -n "$bpid" ]; then
-    # The baseline compiles with torch.compile before it is ready (minutes).
-    wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
-    grep -h "worker warm" "$logs/vox-baseline.log"
-  fi
-  "$bin" bench --url http://127.0.0.1:8086 "${compare[@]}" \
-    --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
-    --voice "${VOICE:-default}" --quiet \
-    --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)${GROUP_EXTRA:+, group options:${GROUP_EXTRA#,}}" \
-    --out "${BENCH_OUT:-$logs/voxbench}"
-  kill -TERM $vpid $bpid; wait $vpid $bpid
+  # VARIANTS: group options, one variant per ";"-separated item (each ", key: value, ..."), every
+  # one served and swept in turn against the same baseline process; default GROUP_EXTRA alone.
+  local variants=() i=0 extra vpid
+  IFS=';' read -ra variants <<< "${VARIANTS-${GROUP_EXTRA:-}}"
+  [ ${#variants[@]} = 0 ] && variants=("")
+  for extra in "${variants[@]}"; do
+    i=$((i + 1))
+    cat > "$logs/vox-$i.yaml" <<YAML
+listen: 127.0.0.1:8086
+model: $manifest
+provider: cuda
+onnxruntime: $ort/libonnxruntime.so
+request_timeout: 10m
+queue: {size: 2048, timeout: 5m}
+groups:
+  - {name: gpu0, gpus: [0], max_inflight: 256$extra}
+YAML
+    echo "== variant $i: group options:${extra#,}"
+    "$bin" serve --config "$logs/vox-$i.yaml" > "$logs/vox-$i.log" 2>&1 &
+    vpid=$!
+    wait_ready http://127.0.0.1:8086 600 $vpid || { echo "voxmux not ready"; tail -c 1500 "$logs/vox-$i.log"; kill $vpid; continue; }
+    if [ -n "$bpid" ]; then
+      # The baseline compiles with torch.compile before it is ready (minutes).
+      wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
+      grep -h "worker warm" "$logs/vox-baseline.log"
+    fi
+    "$bin" bench --url http://127.0.0.1:8086 "${compare[@]}" \
+      --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
+      --voice "${VOICE:-default}" --quiet \
+      --label "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), VoxCPM 1.5 fp16 (baseline ${BASE_DTYPE:-bfloat16}), at most $cap patches, voice ${VOICE:-default}, voxmux $("$bin" version | cut -d' ' -f2)${extra:+, group options:${extra#,}}" \
+      --out "${BENCH_OUT:-$logs/voxbench}-$i"
+    kill -TERM $vpid; wait $vpid
+  done
+  [ -n "$bpid" ] && { kill -TERM $bpid; wait $bpid; }
+  return 0
 }
 
 # VoxCPM 1.5 ($VOX, CAP patches as voxbench) as one group on GPU 0, then as two groups of one GPU
