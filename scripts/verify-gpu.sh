@@ -377,6 +377,7 @@ PY
 # resampled to 24 kHz and needs FFmpeg). BASELINE=0 leaves the baseline out (voxmux alone).
 # VARIANTS="A;B" serves and sweeps voxmux once per variant of group options (", lm_cuda_graph: on"),
 # against one baseline process; reports in BENCH_OUT-1, BENCH_OUT-2, ... (default $LOGS/voxbench-N).
+# BASE_URL compares with a baseline already serving there (started as below) instead of starting one.
 # voxmanifest: $VOX/pipeline-bench.yaml, the export's manifest with generation.max_len CAP (and
 # min_len CAP unless IGNORE_STOP=0).
 voxmanifest() {
@@ -394,7 +395,10 @@ voxbench() {
   [ "${IGNORE_STOP:-1}" = 1 ] && stop=(--ignore-stop)
   local voices=() bpid="" compare=()
   [ -d "$vox/voices" ] && voices=(--voices "$vox/voices")
-  if [ "${BASELINE:-1}" = 1 ]; then
+  if [ -n "${BASE_URL:-}" ]; then
+    # A baseline already serving (started as below, e.g. while the export runs).
+    compare=(--compare "$BASE_URL" --compare-concurrency "${BASE_LEVELS:-1}")
+  elif [ "${BASELINE:-1}" = 1 ]; then
     PYTHONPATH="$repo" python3 -m scripts.voxcpm.baseline --model-dir "$model" --reference "${VOX_REF:-$repo/.ref}" "${voices[@]}" \
       --port 8087 --workers 1 --dtype "${BASE_DTYPE:-bfloat16}" --max-patches "$cap" "${stop[@]}" > "$logs/vox-baseline.log" 2>&1 &
     bpid=$!
