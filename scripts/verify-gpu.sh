@@ -429,6 +429,8 @@ YAML
       # The baseline compiles with torch.compile before it is ready (minutes).
       wait_ready http://127.0.0.1:8087 900 $bpid || { echo "baseline not ready"; tail -20 "$logs/vox-baseline.log"; kill $vpid $bpid; return 1; }
       grep -h "worker warm" "$logs/vox-baseline.log"
+    elif [ -n "${BASE_URL:-}" ]; then
+      wait_ready "$BASE_URL" 900 || { echo "baseline at $BASE_URL not ready"; kill $vpid; return 1; }
     fi
     "$bin" bench --url http://127.0.0.1:8086 "${compare[@]}" \
       --concurrency ${LEVELS:-1,4,16,64,128,256} --duration-per-level ${DUR:-12s} --warmup 4 --format ${FORMAT:-wav} \
