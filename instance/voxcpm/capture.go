@@ -33,7 +33,8 @@ type compared struct {
 // checkCapture compares a replay of r's captured graph with an uncaptured run of the same
 // tensors, each after set has filled the inputs with the same values, by outs. Some of ONNX
 // Runtime's CUDA kernels pass arguments through host memory that only the capture fills (a Split
-// of unequal pieces, a Concat of unequal inputs): their graphs replay garbage without an error,
+// of unequal pieces, a Concat of unequal inputs, a MatMul whose batch dimensions broadcast, which
+// hands cuBLAS an array of pointers): their graphs replay garbage without an error,
 // which the audio would otherwise be first to show (as NaN). th is the thread that captured.
 func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, set func() error, outs ...compared) error {
 	got := make([][2][]float32, len(outs))
@@ -72,7 +73,7 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 		diffs = append(diffs, d)
 	}
 	if bad {
-		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces or Concat of unequal inputs); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
+		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces, Concat of unequal inputs, or a MatMul whose batch dimensions broadcast, such as grouped attention with a key head broadcast over its query heads); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
 	}
 	return nil
 }
