@@ -4,7 +4,7 @@
 # libraries), ONNX Runtime with the CUDA provider in $ORT_DIR (scripts/ort-gpu-parts.sh),
 # CUDA 13 and cuDNN 9 on LD_LIBRARY_PATH. Logs go to $LOGS (default /tmp/voxmux-verify).
 #
-#   usage: scripts/verify-gpu.sh tiny|groups|gpus|gputests|piperfirst|bench|cv3bench|clonebench|voxbench|voxgroups|voxgpu|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
+#   usage: scripts/verify-gpu.sh tiny|groups|gpus|gputests|piperfirst|bench|cv3bench|clonebench|voxbench|voxgroups|voxgpu|voxcapture|voxparity|stages|together|sweep|compare|twogroups|ws|seed ...
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bin=${VOXMUX:-$repo/bin/voxmux}
@@ -480,6 +480,24 @@ YAML
 voxgpu() {
   ORT_LIB=$ort/libonnxruntime.so VOXMUX_GPU_VOXCPM=${VOX:-/tmp/vox}/pipeline.yaml \
     "${VOXCPM_TEST:-$repo/bin/voxcpm.test}" -test.run 'TestGPU' -test.v
+}
+
+# VoxCPM's CUDA graph captures in about a minute, without the full-size export: the tiny model
+# (scripts/voxcpm/make_tiny.py) exported in float16 on GPU 0 into $LOGS/voxtiny16, then the
+# engine's capture test on it (VOXCPM_TEST, default bin/voxcpm.test): the step captured alone,
+# then the step and the decoder, each compared with plain runs at load (the log says "passed its
+# check" or why it was refused, with any non-finite values on each side).
+voxcapture() {
+  local out=$logs/voxtiny16
+  (cd "$repo" && python3 -m scripts.voxcpm.make_tiny "$out-published" > "$logs/voxcapture-export.log" 2>&1 &&
+    python3 -m scripts.voxcpm.export "$out-published" "$out" --dtype float16 --device cuda --random-voice bench:3 \
+      --no-check >> "$logs/voxcapture-export.log" 2>&1) || { tail -5 "$logs/voxcapture-export.log"; return 1; }
+  (cd "$repo/instance/voxcpm" && ORT_LIB=$ort/libonnxruntime.so VOXMUX_GPU_VOXCPM=$out/pipeline.yaml \
+    VOXMUX_GPU_SDPA="vocoder_cuda_graph=off;" "${VOXCPM_TEST:-$repo/bin/voxcpm.test}" -test.run TestGPUStepCaptureKernels \
+    -test.v -test.count=1) > "$logs/voxcapture.log" 2>&1
+  local rc=$?
+  grep -E '^(--- |ok|FAIL)|capture with' "$logs/voxcapture.log" | cut -c1-600
+  return $rc
 }
 
 # VoxCPM 1.5's export against OpenBMB/VoxCPM's own code at the real sizes, random weights
