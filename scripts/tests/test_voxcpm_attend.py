@@ -6,7 +6,9 @@ MatMul whose batch dimensions broadcast."""
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 import pytest
 import torch
 from onnx import TensorProto, helper
@@ -73,3 +75,12 @@ def test_check_capturable_refuses_a_broadcast_matmul(tmp_path):
     onnx.save(matmul_model(["N", 2, 3, 9, 16], ["N", 2, 1, 16, 9]), path)
     with pytest.raises(SystemExit, match="MatMul with broadcast batch dimensions"):
         export.check_capturable(path, parts=False)
+
+
+def test_broadcast_matmuls_reads_large_weights_by_their_dimensions():
+    # A weight over the size whose values are dropped before shape inference.
+    w = onnx.numpy_helper.from_array(np.zeros((2, 1, 128, 256), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2, 3, 9, 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    assert export.broadcast_matmuls(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])) == ["mm"]

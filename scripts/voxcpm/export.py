@@ -381,8 +381,8 @@ def check_capturable(path, parts=True):
     """What CUDA graphs need of a graph. Everywhere: no tensor's shape read at run time (ONNX
     Runtime computes Shape and the arithmetic on it on the CPU, and captures no session with a
     node off the GPU), and no MatMul whose batch dimensions broadcast (its CUDA kernel passes
-    cuBLAS an array of pointers staged in host memory at each run, which a replay reads stale:
-    the step's replay was NaN). With parts (the VAE decoder's graph): no float tensors joined by
+    cuBLAS an array of pointers staged in host memory at each run, which a replay reads stale,
+    giving NaN). With parts (the VAE decoder's graph): no float tensors joined by
     Concat (ONNX Runtime's CUDA graphs replay a Concat of unequal parts wrongly;
     voxcpm_net.before), and no tensor fed to several Slices (ONNX Runtime fuses them into one
     Split, whose CUDA kernel stages unequal sizes in host memory)."""
@@ -415,9 +415,14 @@ def broadcast_matmuls(m, size=3):
     runs those through pointer arrays instead of one strided batched GEMM. Shapes are inferred
     with every symbolic input dimension set to size (not 1, which would hide a broadcast);
     dimensions left symbolic count as equal."""
-    import copy
     import onnx
-    m = copy.deepcopy(m)
+    from onnx import helper
+    # A copy without the weights' values (a float16 step embeds 1.4 GB): inference reads only
+    # their dimensions, and the values of the small ones that shape arithmetic may use.
+    inits = [t if len(t.raw_data) <= 1 << 16 else onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
+             for t in m.graph.initializer]
+    g = helper.make_graph(m.graph.node, m.graph.name, m.graph.input, m.graph.output, inits)
+    m = helper.make_model(g, opset_imports=m.opset_import, ir_version=m.ir_version)
     for i in m.graph.input:
         for d in i.type.tensor_type.shape.dim:
             if d.dim_param:
