@@ -51,11 +51,15 @@ def test_attend_equals_plain_grouped_attention(heads, kv_heads, causal, with_rop
 
 
 def matmul_model(a, b):
-    """A model of one MatMul of inputs shaped a and b (a dimension given as a string is symbolic)."""
-    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")], "g",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, a),
-                           helper.make_tensor_value_info("b", TensorProto.FLOAT, b)], [out])
+    """A model of one MatMul of an input shaped a (a dimension given as a string is symbolic) and
+    b: an input's shape, or a weight's values (a numpy array)."""
+    inputs, weights = [helper.make_tensor_value_info("a", TensorProto.FLOAT, a)], []
+    if isinstance(b, np.ndarray):
+        weights.append(onnx.numpy_helper.from_array(b, "b"))
+    else:
+        inputs.append(helper.make_tensor_value_info("b", TensorProto.FLOAT, b))
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")], "g", inputs,
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
@@ -78,9 +82,8 @@ def test_check_capturable_refuses_a_broadcast_matmul(tmp_path):
 
 
 def test_broadcast_matmuls_reads_large_weights_by_their_dimensions():
-    # A weight over the size whose values are dropped before shape inference.
-    w = onnx.numpy_helper.from_array(np.zeros((2, 1, 128, 256), np.float32), "w")
-    g = helper.make_graph([helper.make_node("MatMul", ["a", "w"], ["y"], name="mm")], "g",
-                          [helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 2, 3, 9, 128])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    assert export.broadcast_matmuls(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])) == ["mm"]
+    # A weight over the size whose values are dropped before shape inference, broadcast over the
+    # query's groups: only its dimensions tell.
+    w = np.zeros((3, 2, 1, 128, 256), np.float32)
+    assert export.broadcast_matmuls(matmul_model(["N", 2, 3, 9, 128], w)) == ["mm"]
+    assert export.broadcast_matmuls(matmul_model(["N", 2, 1, 9, 128], w)) == []
