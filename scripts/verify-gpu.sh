@@ -406,6 +406,7 @@ voxbench() {
   fi
   # VARIANTS: group options, one variant per ";"-separated item (each ", key: value, ..."), every
   # one served and swept in turn against the same baseline process; default GROUP_EXTRA alone.
+  # MAX_INFLIGHT (default 256) is the group's slots, and so its largest captured batch.
   local variants=() i=0 extra vpid
   IFS=';' read -ra variants <<< "${VARIANTS-${GROUP_EXTRA:-}}"
   [ ${#variants[@]} = 0 ] && variants=("")
@@ -419,7 +420,7 @@ onnxruntime: $ort/libonnxruntime.so
 request_timeout: 10m
 queue: {size: 2048, timeout: 5m}
 groups:
-  - {name: gpu0, gpus: [0], max_inflight: 256$extra}
+  - {name: gpu0, gpus: [0], max_inflight: ${MAX_INFLIGHT:-256}$extra}
 YAML
     echo "== variant $i: group options:${extra#,}"
     "$bin" serve --config "$logs/vox-$i.yaml" > "$logs/vox-$i.log" 2>&1 &
