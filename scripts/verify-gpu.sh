@@ -494,7 +494,7 @@ voxcapture() {
     python3 -m scripts.voxcpm.export "$out-published" "$out" --dtype float16 --device cuda --random-voice bench:3 \
       --no-check >> "$logs/voxcapture-export.log" 2>&1) || { tail -5 "$logs/voxcapture-export.log"; return 1; }
   (cd "$repo/instance/voxcpm" && ORT_LIB=$ort/libonnxruntime.so VOXMUX_GPU_VOXCPM=$out/pipeline.yaml \
-    VOXMUX_GPU_SDPA="vocoder_cuda_graph=off;" "${VOXCPM_TEST:-$repo/bin/voxcpm.test}" -test.run TestGPUStepCaptureKernels \
+    VOXMUX_GPU_SDPA="vocoder_cuda_graph=off;vocoder_cuda_graph=on" "${VOXCPM_TEST:-$repo/bin/voxcpm.test}" -test.run TestGPUStepCaptureKernels \
     -test.v -test.count=1) > "$logs/voxcapture.log" 2>&1
   local rc=$?
   grep -E '^(--- |ok|FAIL)|capture with' "$logs/voxcapture.log" | cut -c1-600

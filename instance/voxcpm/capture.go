@@ -1,6 +1,7 @@
 package voxcpm
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -23,6 +24,11 @@ func bind(s *iobind.Session, in map[string]*iobind.Tensor, outs []iobind.Output,
 	b, err := s.Bind(in, outs, id)
 	return boundRun{run: b, in: in, outs: outs}, err
 }
+
+// errReplayDiffers is a capture check's finding that a CUDA graph's replay differs from an
+// uncaptured run of the same inputs (checkCapture). The CUDA context is intact after it, unlike
+// after a replay that faults.
+var errReplayDiffers = errors.New("its CUDA graph's replay differs from an uncaptured run")
 
 // compared is an output a capture check compares.
 type compared struct {
@@ -73,7 +79,7 @@ func checkCapture(what string, th *ort.Thread, s *iobind.Session, r boundRun, se
 		diffs = append(diffs, d)
 	}
 	if bad {
-		return fmt.Errorf("%s: its CUDA graph's replay differs from an uncaptured run (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces, Concat of unequal inputs, or a MatMul whose batch dimensions broadcast, such as grouped attention with a key head broadcast over its query heads); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, strings.Join(diffs, ", "))
+		return fmt.Errorf("%s: %w (relative rms: %s): the graph has a kernel that cannot be captured (ONNX Runtime's Split of unequal pieces, Concat of unequal inputs, or a MatMul whose batch dimensions broadcast, such as grouped attention with a key head broadcast over its query heads); export it again with scripts/voxcpm/export.py, or leave its CUDA graphs off (engine.lm_cuda_graph, engine.vocoder_cuda_graph)", what, errReplayDiffers, strings.Join(diffs, ", "))
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"strings"
 
@@ -90,7 +91,9 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, o Options, d int
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openGraphs(m, rt, slots, resolveModes(o, rt.CUDA()))
+	g, err := openWithFallback(o, resolveModes(o, rt.CUDA()), func(modes graphModes) (*graphs, error) {
+		return openGraphs(m, rt, slots, modes)
+	})
 	if err != nil {
 		rt.Close()
 		return nil, err
@@ -106,4 +109,18 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, o Options, d int
 	e := newEngine(m, tok, g, slots)
 	e.enc, e.closeRest = enc, rt.Close
 	return e, nil
+}
+
+// openWithFallback opens the graphs as modes says. When lm_cuda_graph is unset (captured by default
+// on CUDA) and the step's capture check finds a replay unlike a plain run, as an export whose
+// step has a kernel that cannot be captured gives, it warns and opens them again with the step
+// uncaptured. An lm_cuda_graph set to on keeps the error.
+func openWithFallback(o Options, modes graphModes, open func(graphModes) (*graphs, error)) (*graphs, error) {
+	g, err := open(modes)
+	if err == nil || o.LMCUDAGraph != "" || modes.step != StepGraphOn || modes.captureVAE || !errors.Is(err, errReplayDiffers) {
+		return g, err
+	}
+	slog.Warn("voxcpm: the step's CUDA graphs replay unlike plain runs, so the step runs uncaptured (slower); export the model again with scripts/voxcpm/export.py, or set engine.lm_cuda_graph: off to skip the check", "error", err)
+	modes.step = StepGraphOff
+	return open(modes)
 }

@@ -13,17 +13,29 @@ import (
 // the default for the provider (resolveModes).
 type Options struct {
 	ort.Options
-	// LMCUDAGraph is how the step graph runs. Unset: off, as on an H100 the captured step
-	// replays NaN (docs/benchmarks/2026-11-27-h100-voxcpm/), which the load-time check refuses.
+	// LMCUDAGraph is how the step graph runs. Unset: on with the CUDA provider (the captured step
+	// ran 45 → 12 ms at one stream and 142 → 33 ms at 128 on an H100,
+	// docs/benchmarks/2026-12-07-h100-voxcpm-step-graph/), falling back to off with a warning
+	// when the load-time check finds a replay that differs from a plain run (an export from an
+	// older exporter); off on the CPU.
 	LMCUDAGraph StepGraph `json:"lm_cuda_graph"`
 	// VocoderCUDAGraph is whether the VAE decoder runs its fixed batch sizes as CUDA graphs
 	// captured at load, its convolutions planned by cuDNN's exhaustive search once per size. Unset:
-	// what LMCUDAGraph says (on captures the decoder too).
+	// off, as VoxCPM 1.5's decoder faults when captured on an H100 (CUDA error 716, misaligned
+	// address, at 8, 128 and 256 slots; the tiny export's passes).
 	VocoderCUDAGraph VAEGraph `json:"vocoder_cuda_graph"`
 	// VocoderBatches takes [] only: the VAE decoder then runs every batch in its own shape rather
 	// than in the step's batch sizes, as the staged family's vocoder does with []. Unset (nil):
 	// the step's batch sizes.
 	VocoderBatches []int `json:"vocoder_batches"`
+	// VocoderSessions is how many ONNX Runtime sessions the uncaptured VAE decoder runs in:
+	// "shared" (the default), one for every batch size, its convolutions planned by the
+	// runtime's cudnn_conv_algo_search (DEFAULT unless provider_options say otherwise), which ONNX
+	// Runtime plans again at every change of batch size; or "per_batch", a session for each of
+	// the step's batch sizes, each seeing one shape, so planned once at load with cuDNN's
+	// exhaustive search on CUDA and never again. Each session holds its own copy of the decoder's
+	// weights and its own memory arena.
+	VocoderSessions VAESessions `json:"vocoder_sessions"`
 	// VocoderPrecision is the float type the VAE decoder computes in: "float32" (the default), or
 	// "float16", the decoder graph converted in memory (vae.go), its inputs and outputs (the
 	// carried state included) staying float32.
@@ -68,6 +80,21 @@ func (g *VAEGraph) UnmarshalText(b []byte) (err error) {
 	return err
 }
 
+// VAESessions is how many sessions the uncaptured VAE decoder runs in (vocoder_sessions).
+type VAESessions string
+
+const (
+	// VAESessionsShared runs every batch size in one session.
+	VAESessionsShared VAESessions = "shared"
+	// VAESessionsPerBatch runs each batch size in a session of its own.
+	VAESessionsPerBatch VAESessions = "per_batch"
+)
+
+func (v *VAESessions) UnmarshalText(b []byte) (err error) {
+	*v, err = engine.ParseEnum(b, VAESessionsShared, VAESessionsPerBatch)
+	return err
+}
+
 // Name is the family's name, the Kind of its descriptions.
 func (Family) Name() string { return Kind }
 
@@ -94,6 +121,16 @@ func (o Options) Validate() error {
 	if o.plainVAE() && o.VocoderCUDAGraph == VAEGraphOn {
 		return &tts.OptionError{Key: "vocoder_cuda_graph",
 			Msg: "on captures the VAE decoder's fixed batch sizes, which vocoder_batches: [] turns off"}
+	}
+	if o.VocoderSessions == VAESessionsPerBatch {
+		if o.plainVAE() {
+			return &tts.OptionError{Key: "vocoder_sessions",
+				Msg: "per_batch runs each of the VAE decoder's fixed batch sizes in its own session, which vocoder_batches: [] turns off"}
+		}
+		if o.VocoderCUDAGraph == VAEGraphOn {
+			return &tts.OptionError{Key: "vocoder_sessions",
+				Msg: "per_batch is for the uncaptured decoder; with vocoder_cuda_graph: on each batch size is already planned once, at its capture"}
+		}
 	}
 	return nil
 }

@@ -17,24 +17,22 @@ type graphModes struct {
 	captureVAE bool
 	// float16VAE runs the VAE decoder converted to float16 (vocoder_precision: float16).
 	float16VAE bool
+	// perBatchVAE runs each bucket's decodes in a session of its own (vocoder_sessions: per_batch).
+	perBatchVAE bool
 }
 
-// resolveModes resolves lm_cuda_graph, vocoder_batches, vocoder_cuda_graph and vocoder_precision
-// (checked by parseOptions) for a provider.
+// resolveModes resolves lm_cuda_graph, vocoder_batches, vocoder_cuda_graph, vocoder_sessions and
+// vocoder_precision (checked by parseOptions) for a provider.
 func resolveModes(o Options, cuda bool) graphModes {
 	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: o.plainVAE(), float16VAE: o.VocoderPrecision == engine.Float16}
-	switch o.VocoderCUDAGraph {
-	case VAEGraphOn:
-		g.captureVAE = cuda
-	case "":
-		g.captureVAE = g.step == StepGraphOn
-	}
-	g.captureVAE = g.captureVAE && !g.plainVAE
+	g.captureVAE = o.VocoderCUDAGraph == VAEGraphOn && cuda && !g.plainVAE
+	g.perBatchVAE = o.VocoderSessions == VAESessionsPerBatch && !g.plainVAE && !g.captureVAE
 	return g
 }
 
-// stepGraphMode resolves lm_cuda_graph for the step graph on a provider: unset is off, and on
-// runs as fixed on the CPU (the same shapes and bindings, with no graphs to capture).
+// stepGraphMode resolves lm_cuda_graph for the step graph on a provider: unset is on with CUDA
+// and off on the CPU, and on runs as fixed on the CPU (the same shapes and bindings, with no
+// graphs to capture).
 func stepGraphMode(o Options, cuda bool) StepGraph {
 	switch o.LMCUDAGraph {
 	case StepGraphOn:
@@ -44,6 +42,10 @@ func stepGraphMode(o Options, cuda bool) StepGraph {
 		return StepGraphFixed
 	case StepGraphFixed:
 		return StepGraphFixed
+	case "":
+		if cuda {
+			return StepGraphOn
+		}
 	}
 	return StepGraphOff
 }

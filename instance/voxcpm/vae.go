@@ -17,13 +17,13 @@ import (
 // the n rows a step ran, its rows past n free slots fed zero latents, their state rows scratch
 // (a stream that joins a slot primes its row first). Each bucket has its own latent and audio
 // tensors and two runs bound once, one per direction of the state buffers, each warmed at load
-// and, with lm_cuda_graph on, captured as a CUDA graph (the first and last bucket's replays
+// and, with vocoder_cuda_graph on, captured as a CUDA graph (the first and last bucket's replays
 // checked against uncaptured runs: checkCapture). Why fixed shapes: ONNX Runtime 1.29 plans
 // a session's cuDNN convolutions again whenever its input shape changes (docs/operations.md), and
-// a decode of exactly n rows changed shape nearly every step as streams joined and left. That
-// planning is likely most of what the VAE cost per run on a GPU (45 ms at 1.5 rows on average);
-// a hypothesis the next GPU run measures. Without graphs, a change of bucket still plans again;
-// replays of captured graphs never do.
+// a decode of exactly n rows changed shape nearly every step as streams joined and left. Without
+// graphs, a change of bucket in one session still plans again, cheaply with cuDNN's DEFAULT
+// search; replays of captured graphs never do, nor does a bucket in a session of its own
+// (vocoder_sessions per_batch), which can then afford the exhaustive search.
 //
 // The states are two buffers of [rows, state_size], states[cur] holding every slot's state now:
 // a decode reads rows [0, B) of states[cur] and writes rows [0, B) of the other, which then
@@ -47,7 +47,11 @@ type vaeGraphs struct {
 
 // vaeBucket is one batch size's tensors and bound runs.
 type vaeBucket struct {
-	B               int
+	B int
+	// s is the session its runs are bound to: the decoder's own, or with vocoder_sessions
+	// per_batch one of the bucket's own (own), which sees only this bucket's shape.
+	s               *iobind.Session
+	own             bool
 	latent, audio   *iobind.Tensor // on the device
 	hLatent, hAudio *iobind.Pinned
 	views           [2]*iobind.Tensor // rows [0, B) of each state buffer
@@ -62,6 +66,9 @@ func (b *vaeBucket) release() {
 	b.hLatent.Free()
 	b.hAudio.Free()
 	release([]*iobind.Tensor{b.latent, b.audio, b.views[0], b.views[1]})
+	if b.own && b.s != nil {
+		b.s.Close()
+	}
 }
 
 // vaeFloat16Ops are the ops of the VAE decoder (the export's residual units of padded, dilated
@@ -93,7 +100,9 @@ func vaeFloat16(path string) ([]byte, error) {
 
 // openVAE opens the decoder on rt's device with states for rows slots and, unless modes.plainVAE,
 // a bucket for each of buckets (rising, the last at most rows); modes.captureVAE: the buckets'
-// runs are captured; modes.float16VAE: the decoder computes in float16.
+// runs are captured; modes.perBatchVAE: each bucket after the first (one row, which priming
+// shares) runs in a session of its own, every session planned by cuDNN's exhaustive search at
+// load; modes.float16VAE: the decoder computes in float16.
 func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphModes) (_ *vaeGraphs, err error) {
 	plain, graphs := modes.plainVAE, modes.captureVAE
 	v := &vaeGraphs{m: m, rows: rows}
@@ -111,7 +120,13 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphM
 	p := rt.Placement()
 	p.CUDAGraph = p.CUDA && graphs && !plain
 	p.ProviderOptions = maps.Clone(p.ProviderOptions)
-	if p.CUDAGraph {
+	perBatch := modes.perBatchVAE && !plain && !p.CUDAGraph
+	if perBatch {
+		// Each session sees one shape, so the exhaustive search (about 1.5 s a shape) runs once
+		// per session, at load, with channels-last convolutions as uncaptured.
+		maps.Copy(p.ProviderOptions, rt.VocoderCUDAOptions())
+		maps.Copy(p.ProviderOptions, rt.FixedShapeCUDAOptions())
+	} else if p.CUDAGraph {
 		// Captured, each bucket's convolutions are planned once, at load: the exhaustive search
 		// halved the decoder's runs on an H100 (docs/benchmarks/2026-11-27-h100-voxcpm/), and
 		// uncaptured it would search again at every change of bucket. Channels-last is left out:
@@ -135,16 +150,22 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphM
 			slog.Warn("vocoder_precision float16 on the CPU provider: ONNX Runtime computes the VAE decoder's float16 ops through casts to float32, slower than float32", "path", path)
 		}
 	}
-	err = v.thread.Do(func() (err error) {
-		if f16 != nil {
-			v.s, err = iobind.OpenData(path+" (float16)", f16, p)
-		} else {
-			v.s, err = iobind.Open(path, p)
+	open := func(p iobind.Placement) (s *iobind.Session, err error) {
+		err = v.thread.Do(func() (err error) {
+			if f16 != nil {
+				s, err = iobind.OpenData(path+" (float16)", f16, p)
+			} else {
+				s, err = iobind.Open(path, p)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("graphs.vae_decoder: %w", err)
 		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("graphs.vae_decoder: %w", err)
+		return s, nil
+	}
+	if v.s, err = open(p); err != nil {
+		return nil, err
 	}
 	for i := range v.states {
 		if v.states[i], err = v.s.Alloc([]int64{int64(rows), int64(m.VAE.StateSize)}, iobind.Float32); err != nil {
@@ -155,7 +176,15 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphM
 		return v, nil
 	}
 	for i, B := range buckets {
-		b, err := v.newBucket(2*i+1, B)
+		s, own := v.s, perBatch && i > 0
+		if own {
+			q := p
+			q.Profile = rt.ProfilePrefix(fmt.Sprintf("voxcpm_vae_decoder_%d", B))
+			if s, err = open(q); err != nil {
+				return nil, fmt.Errorf("vae_decoder, %d rows: %w", B, err)
+			}
+		}
+		b, err := v.newBucket(s, own, 2*i+1, B)
 		if err != nil {
 			return nil, fmt.Errorf("vae_decoder, %d rows: %w", B, err)
 		}
@@ -199,10 +228,11 @@ func (v *vaeGraphs) checkCapture(b *vaeBucket) error {
 		compared{"audio", b.audio}, compared{"state_out", b.views[1]})
 }
 
-// newBucket makes bucket B's tensors and binds its runs as graphs id and id+1.
-func (v *vaeGraphs) newBucket(id, B int) (_ *vaeBucket, err error) {
-	m, s := v.m, v.s
-	b := &vaeBucket{B: B}
+// newBucket makes bucket B's tensors and binds its runs, on session s (the bucket's own when own:
+// released with it), as graphs id and id+1.
+func (v *vaeGraphs) newBucket(s *iobind.Session, own bool, id, B int) (_ *vaeBucket, err error) {
+	m := v.m
+	b := &vaeBucket{B: B, s: s, own: own}
 	defer func() {
 		if err != nil {
 			b.release()
@@ -259,7 +289,8 @@ func (v *vaeGraphs) decode(n int, patch []float32) ([]float32, error) {
 	if i == len(v.buckets) {
 		return nil, fmt.Errorf("vae_decoder: %d streams are over the %d rows its shapes were made for", n, v.buckets[len(v.buckets)-1].B)
 	}
-	b, s := v.buckets[i], v.s
+	b := v.buckets[i]
+	s := b.s
 	h := b.hLatent.Float32s()
 	clear(h[copy(h, patch):])
 	if err := s.Send(b.latent, b.hLatent); err != nil {

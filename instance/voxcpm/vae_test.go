@@ -1,8 +1,11 @@
 package voxcpm
 
 import (
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -90,14 +93,24 @@ func tinyCountingEngine(t *testing.T, slots int, opts Options, overlap bool) (*E
 	return e, c
 }
 
-// The VAE decoder in the buckets' fixed shapes gives the audio of decodes of exactly n rows, as
-// the number of rows changes (and with it the bucket), streams move between slots and states
-// are primed with a voice's context or zeroed.
+// The VAE decoder in the buckets' fixed shapes, in one session and in a session per bucket
+// (vocoder_sessions per_batch), gives the audio of decodes of exactly n rows, as the number of
+// rows changes (and with it the bucket), streams move between slots and states are primed with a
+// voice's context or zeroed.
 func TestTinyVAEBucketsEqualPlain(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		modes graphModes
+	}{{"shared", graphModes{}}, {"per_batch", graphModes{perBatchVAE: true}}} {
+		t.Run(c.name, func(t *testing.T) { testVAEBucketsEqualPlain(t, c.modes) })
+	}
+}
+
+func testVAEBucketsEqualPlain(t *testing.T, modes graphModes) {
 	m, rt := tinyRuntime(t)
 	const rows = 8
 	buckets := engine.Buckets(6)
-	fixed, err := openVAE(m, rt, rows, buckets, graphModes{})
+	fixed, err := openVAE(m, rt, rows, buckets, modes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,6 +122,13 @@ func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 	defer plain.close()
 	if len(fixed.buckets) != len(buckets) || plain.buckets != nil {
 		t.Fatalf("%d fixed shapes (want %d), plain has %d", len(fixed.buckets), len(buckets), len(plain.buckets))
+	}
+	// Per batch, the one-row bucket shares the decoder's session (priming runs in its shape) and
+	// every other bucket has its own.
+	for i, b := range fixed.buckets {
+		if own := modes.perBatchVAE && i > 0; b.own != own || (b.s == fixed.s) == own {
+			t.Fatalf("bucket of %d rows: own session %v (is the decoder's: %v), want own %v", b.B, b.own, b.s == fixed.s, own)
+		}
 	}
 	g := rand.New(rand.NewPCG(1, 2))
 	PD, S := m.patchFloats(), m.patchSamples()
@@ -179,7 +199,7 @@ func TestTinyVAEBucketsEqualPlain(t *testing.T) {
 }
 
 // The engine with the VAE in fixed shapes, with the plain step and with the step's fixed shapes
-// (lm_cuda_graph fixed), gives each request the audio of the plain VAE and step, alone and
+// (lm_cuda_graph fixed), the latter also with a VAE session per bucket, gives each request the audio of the plain VAE and step, alone and
 // batched with streams joining and leaving (compaction moving them down).
 func TestTinyVAEFixedShapes(t *testing.T) {
 	plain := tinyEngineWith(t, 6, Options{VocoderBatches: []int{}})
@@ -197,8 +217,13 @@ func TestTinyVAEFixedShapes(t *testing.T) {
 			t.Fatal(want[i].err)
 		}
 	}
-	for _, mode := range []StepGraph{StepGraphOff, StepGraphFixed} {
-		e, c := tinyCountingEngine(t, 6, Options{LMCUDAGraph: mode}, true)
+	for _, o := range []Options{{LMCUDAGraph: StepGraphOff}, {LMCUDAGraph: StepGraphFixed},
+		{LMCUDAGraph: StepGraphFixed, VocoderSessions: VAESessionsPerBatch}} {
+		mode := string(o.LMCUDAGraph)
+		if o.VocoderSessions != "" {
+			mode += ", vocoder_sessions " + string(o.VocoderSessions)
+		}
+		e, c := tinyCountingEngine(t, 6, o, true)
 		if g := c.runner.(*graphs); len(g.v.buckets) != len(engine.Buckets(6)) {
 			t.Fatalf("lm_cuda_graph %s: %d VAE shapes, want the step's %d", mode, len(g.v.buckets), len(engine.Buckets(6)))
 		}
@@ -252,15 +277,22 @@ func TestResolveModes(t *testing.T) {
 		cuda bool
 		want graphModes
 	}{
-		{Options{}, true, graphModes{step: StepGraphOff}},
-		{Options{LMCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
+		{Options{}, true, graphModes{step: StepGraphOn}},
+		{Options{}, false, graphModes{step: StepGraphOff}},
+		{Options{LMCUDAGraph: "off"}, true, graphModes{step: StepGraphOff}},
+		{Options{LMCUDAGraph: "on"}, true, graphModes{step: StepGraphOn}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
 		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: StepGraphOn}},
-		{Options{VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOff, captureVAE: true}},
+		{Options{VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
+		{Options{LMCUDAGraph: "off", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOff, captureVAE: true}},
 		{Options{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphFixed, captureVAE: true}},
 		{Options{LMCUDAGraph: "on", VocoderBatches: []int{}}, true, graphModes{step: StepGraphOn, plainVAE: true}},
 		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: StepGraphFixed}},
-		{Options{VocoderPrecision: engine.Float16}, true, graphModes{step: StepGraphOff, float16VAE: true}},
-		{Options{VocoderPrecision: engine.Float32}, true, graphModes{step: StepGraphOff}},
+		{Options{VocoderPrecision: engine.Float16}, true, graphModes{step: StepGraphOn, float16VAE: true}},
+		{Options{VocoderPrecision: engine.Float32}, false, graphModes{step: StepGraphOff}},
+		{Options{VocoderSessions: VAESessionsPerBatch}, true, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{VocoderSessions: VAESessionsPerBatch}, false, graphModes{step: StepGraphOff, perBatchVAE: true}},
+		{Options{VocoderSessions: VAESessionsShared}, true, graphModes{step: StepGraphOn}},
 	} {
 		if got := resolveModes(c.o, c.cuda); got != c.want {
 			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)
@@ -302,4 +334,38 @@ func TestTinyOverlapEqualsInLine(t *testing.T) {
 		t.Fatal("no stream moved in 3 attempts: the test does not cover compaction beside a decode")
 	}
 	t.Logf("beside the steps at most %g from in line (%d moves)", worst, moves)
+}
+
+// An unset lm_cuda_graph falls back to an uncaptured step when the step's capture check finds a
+// replay unlike a plain run; lm_cuda_graph on keeps the error, and other errors (a replay that
+// faults, a missing file) are never retried.
+func TestOpenWithFallback(t *testing.T) {
+	differs := fmt.Errorf("graphs.step (lm_cuda_graph on): step graph of 1 rows: %w (relative rms: patch NaN)", errReplayDiffers)
+	other := errors.New("CUDA failure 716: misaligned address")
+	for _, c := range []struct {
+		name  string
+		o     Options
+		modes graphModes
+		first error
+		want  []StepGraph // the step modes opened, in order
+		err   error
+	}{
+		{"default, replay differs", Options{}, graphModes{step: StepGraphOn}, differs, []StepGraph{StepGraphOn, StepGraphOff}, nil},
+		{"default, opens", Options{}, graphModes{step: StepGraphOn}, nil, []StepGraph{StepGraphOn}, nil},
+		{"default, a fault", Options{}, graphModes{step: StepGraphOn}, other, []StepGraph{StepGraphOn}, other},
+		{"on, replay differs", Options{LMCUDAGraph: StepGraphOn}, graphModes{step: StepGraphOn}, differs, []StepGraph{StepGraphOn}, errReplayDiffers},
+		{"default with the decoder captured", Options{VocoderCUDAGraph: VAEGraphOn}, graphModes{step: StepGraphOn, captureVAE: true}, differs, []StepGraph{StepGraphOn}, errReplayDiffers},
+	} {
+		var opened []StepGraph
+		_, err := openWithFallback(c.o, c.modes, func(m graphModes) (*graphs, error) {
+			opened = append(opened, m.step)
+			if len(opened) == 1 {
+				return nil, c.first
+			}
+			return &graphs{}, nil
+		})
+		if !slices.Equal(opened, c.want) || (c.err == nil) != (err == nil) || (c.err != nil && !errors.Is(err, c.err)) {
+			t.Errorf("%s: opened %v, error %v; want %v, error %v", c.name, opened, err, c.want, c.err)
+		}
+	}
 }
