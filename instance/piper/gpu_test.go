@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -150,8 +151,8 @@ func TestPiperOnGPU(t *testing.T) {
 //	piper_front cpu on cuda (intra-op threads T; ...): first chunk MS ms (P50 of N), each: [...]
 //
 // and each sentence's raw audio, the front then the decoder in the runner's chunks with no noise,
-// agrees between the two within chunkTolerance, the bound TestPiperOnGPU holds CUDA to against the
-// CPU. VOXMUX_GPU_PROVIDER=cpu runs it on the CPU.
+// has the same length both ways and agrees within frontProviderRMS. VOXMUX_GPU_PROVIDER=cpu runs
+// it on the CPU.
 func TestPiperFrontOnGPU(t *testing.T) {
 	if os.Getenv("VOXMUX_GPU_PIPER") == "" {
 		t.Skip("VOXMUX_GPU_PIPER not set: this test needs a GPU")
@@ -206,7 +207,7 @@ func TestPiperFrontOnGPU(t *testing.T) {
 	// The same audio: each sentence's front and chunked decoder, raw, both ways.
 	ph := testPhonemizer(t)
 	f := ss[0].file
-	worst, n := 0.0, 0
+	worst, worstAbs, n := 0.0, 0.0, 0
 	for _, text := range piperASRSentences {
 		sents, err := f.sentences(ph, text)
 		if err != nil {
@@ -225,15 +226,23 @@ func TestPiperFrontOnGPU(t *testing.T) {
 				t.Errorf("%q: %d samples with piper_front gpu, %d with cpu", text, len(audio[0]), len(audio[1]))
 				continue
 			}
-			d := piperMaxDiff(audio[0], audio[1])
-			worst, n = max(worst, d), n+1
-			if d > chunkTolerance {
-				t.Errorf("%q: piper_front cpu's audio differs from gpu's by %g, over %g", text, d, chunkTolerance)
+			rel, d := engine.RelRMS(audio[0], audio[1]), piperMaxDiff(audio[0], audio[1])
+			worst, worstAbs, n = max(worst, rel), max(worstAbs, d), n+1
+			if !(rel <= frontProviderRMS) {
+				t.Errorf("%q: piper_front cpu's audio differs from gpu's by %.3g relative rms (largest sample difference %.3g), over %g", text, rel, d, frontProviderRMS)
 			}
 		}
 	}
-	t.Logf("%s piper_front cpu against gpu on %s: chunked within %.2g (%d sentences)", f.Stem, provider, worst, n)
+	t.Logf("%s piper_front cpu against gpu on %s: chunked within %.2g relative rms, largest sample difference %.2g (%d sentences)", f.Stem, provider, worst, worstAbs, n)
 }
+
+// frontProviderRMS bounds the relative rms between a sentence's audio with the front on the CPU
+// and on CUDA. The two providers' float32 kernels differ (CUDA's matrix products and convolutions
+// round through TF32 by default), and the flow and decoder carry the front's differences into the
+// audio: on an H100 the largest sample differed by 0.005 to 0.022 over the four sentences, far
+// over chunkTolerance (1e-4, which holds chunks against whole runs on one provider), with every
+// length equal. Their relative rms was not logged then; 0.02 is a first bound.
+const frontProviderRMS = 0.02
 
 // piperASRSentences are the sentences cmd/voxmux's ASR test has pocketsphinx transcribe
 // (asrSentences there): everyday sentences its general English model recognizes from a real voice.
