@@ -1,13 +1,16 @@
 package voxcpm
 
 import (
+	"cmp"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
 	"github.com/voxmux/voxmux/tts"
 )
@@ -157,6 +160,85 @@ func TestGPUVAEFloat16(t *testing.T) {
 		t.Logf("VAE decoder on CUDA, captured %v: float16 rel rms from float32 audio %.3g, state %.3g over 8 patches of %d rows; "+
 			"ms a decode: 1 row float32 %.2f float16 %.2f; %d rows float32 %.2f float16 %.2f",
 			captured, audio, state, rows, ms[0][0], ms[1][0], rows, ms[0][1], ms[1][1])
+	}
+}
+
+// On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the uncaptured VAE decoder in one session
+// (vocoder_sessions shared) and in a session per bucket (per_batch, planned by cuDNN's exhaustive
+// search at load), each in float32 and float16, for the buckets of VOXMUX_GPU_VAE_ROWS slots
+// (default 128): it logs each way's load time and the milliseconds a decode takes at 1, 16, 64
+// and 128 rows, each size decoded 20 times after 3 to warm up, the sizes in turn and then
+// interleaved (a change of bucket every decode, which a shared session plans again), and checks
+// that per_batch decodes as shared does (within 5e-3 relative rms: the two may pick other
+// convolution algorithms). VOXMUX_GPU_PROVIDER=cpu runs it on the CPU.
+func TestGPUVAESessions(t *testing.T) {
+	path, _ := gpuExport(t)
+	m, rt := runtimeFor(t, path, cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda"))
+	rows := 128
+	if v := os.Getenv("VOXMUX_GPU_VAE_ROWS"); v != "" {
+		var err error
+		if rows, err = strconv.Atoi(v); err != nil || rows < 1 {
+			t.Fatalf("VOXMUX_GPU_VAE_ROWS=%q: want a positive number", v)
+		}
+	}
+	sizes := []int{}
+	for _, n := range []int{1, 16, 64, 128} {
+		if n <= rows {
+			sizes = append(sizes, n)
+		}
+	}
+	patch := randomFloats(rows*m.patchFloats(), 1, 7)
+	var first [][]float32 // per precision: shared's audio of the first decode at the largest size
+	for _, f16 := range []bool{false, true} {
+		for _, perBatch := range []bool{false, true} {
+			t0 := time.Now()
+			v, err := openVAE(m, rt, rows, engine.Buckets(rows), graphModes{float16VAE: f16, perBatchVAE: perBatch})
+			if err != nil {
+				t.Fatalf("float16 %v, per_batch %v: %v", f16, perBatch, err)
+			}
+			load := time.Since(t0)
+			decode := func(n int) time.Duration {
+				t0 := time.Now()
+				if _, err := v.decode(n, patch[:n*m.patchFloats()]); err != nil {
+					t.Fatal(err)
+				}
+				return time.Since(t0)
+			}
+			// The same states in both sessions' ways: zeros, then the first decode compared.
+			for s := range rows {
+				if err := v.prime(s, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			big := sizes[len(sizes)-1]
+			a, err := v.decode(big, patch[:big*m.patchFloats()])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !perBatch {
+				first = append(first, append([]float32(nil), a...))
+			} else if d := engine.RelRMS(a, first[len(first)-1]); !(d <= 5e-3) {
+				t.Errorf("float16 %v: per_batch decodes %g (relative rms) from shared", f16, d)
+			}
+			ms := make([]float64, len(sizes))
+			for i, n := range sizes {
+				for range 3 {
+					decode(n)
+				}
+				var sum time.Duration
+				for range 20 {
+					sum += decode(n)
+				}
+				ms[i] = float64(sum.Microseconds()) / 1000 / 20
+			}
+			var mixed time.Duration
+			for k := range 20 {
+				mixed += decode(sizes[k%len(sizes)])
+			}
+			t.Logf("VAE decoder, float16 %v, per_batch %v: load %.1f s; ms a decode at %v rows: %.2f; sizes interleaved: %.2f ms a decode",
+				f16, perBatch, load.Seconds(), sizes, ms, float64(mixed.Microseconds())/1000/20)
+			v.close()
+		}
 	}
 }
 
