@@ -36,8 +36,10 @@ type piperOptions struct {
 	Float16 bool
 	// CPUFront: the chunked front runs on ONNX Runtime's CPU provider with FrontThreads intra-op
 	// threads (0: ONNX Runtime's default), whatever the group's provider (piper_front cpu).
-	CPUFront     bool
-	FrontThreads int
+	// AutoFront: it runs there for small batches and on the group's provider for the others
+	// (piper_front auto).
+	CPUFront, AutoFront bool
+	FrontThreads        int
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -68,8 +70,9 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.Chunk = max(cmp.Or(e.Chunk, piperChunk), o.FirstChunk)
 	o.Float16 = e.Precision == Float16
 	o.CPUFront = e.Front == FrontCPU
+	o.AutoFront = e.Front == FrontAuto
 	o.FrontThreads = e.IntraOpThreads
-	if o.CPUFront && cfg.Provider == "cuda" && o.FrontThreads == 0 {
+	if (o.CPUFront || o.AutoFront) && cfg.Provider == "cuda" && o.FrontThreads == 0 {
 		o.FrontThreads = cpuFrontThreads(runtime.NumCPU())
 	}
 	return o

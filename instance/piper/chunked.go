@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -32,11 +33,16 @@ const calibrationText = "1 2 3 4 5 6 7 8 9 10."
 
 // piperChunker is a voice's graph split into a front and a decoder session.
 type piperChunker struct {
-	front, dec  *onnxrt.DynamicAdvancedSession
-	split       *piperSplit
-	speed       bool // the front takes each row's speed (piperSpeedInput, speed.go)
-	cpuFront    bool // front is a session of the CPU provider (piper_front cpu)
-	first, most int  // chunk frames: the first chunk's, and the most of a later one's
+	front, dec *onnxrt.DynamicAdvancedSession
+	split      *piperSplit
+	speed      bool // the front takes each row's speed (piperSpeedInput, speed.go)
+	cpuFront   bool // front is a session of the CPU provider (piper_front cpu)
+	// cpu is the front's session on the CPU provider beside front's on the group's provider
+	// (piper_front auto; nil otherwise), which runs a batch of at most autoCPURows sentences
+	// while cpuBusy is not set.
+	cpu         *onnxrt.DynamicAdvancedSession
+	cpuBusy     *atomic.Bool
+	first, most int // chunk frames: the first chunk's, and the most of a later one's
 	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
 	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
 	peak float32
@@ -62,7 +68,12 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		in = append(slices.Clip(in), piperSpeedInput)
 	}
 	frontOut := []string{sp.latent, piperLengthOutput}
-	var front *onnxrt.DynamicAdvancedSession
+	var front, cpu *onnxrt.DynamicAdvancedSession
+	if r.opts.AutoFront {
+		if cpu, err = r.rt.CPUSessionFromData(r.opts.FrontThreads, "piper-front-cpu", sp.front, in, frontOut); err != nil {
+			return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
+		}
+	}
 	if r.opts.CPUFront {
 		// Host tensors in and out either way: the latent goes to the decoder's device as every
 		// decoder input does.
@@ -74,6 +85,9 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		front, err = r.rt.SessionFromData("piper-front", sp.front, in, frontOut)
 	}
 	if err != nil {
+		if cpu != nil {
+			cpu.Destroy()
+		}
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
 	decIn := []string{sp.latent}
@@ -84,7 +98,7 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 	if r.opts.Float16 {
 		g, st, err := decoderFloat16(sp.decoder)
 		if err != nil {
-			front.Destroy()
+			destroyFronts(front, cpu)
 			return nil, "", fmt.Errorf("piper voice %s: piper_precision float16: %w", f.Path, err)
 		}
 		if st.Saturated > 0 {
@@ -100,11 +114,11 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 	}
 	dec, err := r.rt.SessionFromDataWith(decCUDA, "piper-decoder", sp.decoder, decIn, []string{"output"})
 	if err != nil {
-		front.Destroy()
+		destroyFronts(front, cpu)
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
 	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
-	c := &piperChunker{front: front, dec: dec, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	c := &piperChunker{front: front, cpu: cpu, cpuBusy: new(atomic.Bool), dec: dec, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {
 		var pcm []float32
@@ -119,7 +133,34 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 }
 
 func (c *piperChunker) close() error {
-	return errors.Join(c.front.Destroy(), c.dec.Destroy())
+	err := errors.Join(c.front.Destroy(), c.dec.Destroy())
+	if c.cpu != nil {
+		err = errors.Join(err, c.cpu.Destroy())
+	}
+	return err
+}
+
+func destroyFronts(front, cpu *onnxrt.DynamicAdvancedSession) {
+	front.Destroy()
+	if cpu != nil {
+		cpu.Destroy()
+	}
+}
+
+// autoCPURows is the largest front batch piper_front auto runs on the CPU. On one H100 host, one
+// stream's first audio came after 79 ms with the front on the CPU against 273 ms on CUDA, while at
+// 256 streams the CPU fronts bound the server at 35x real time where CUDA's gave 271x
+// (docs/benchmarks/2026-12-07-h100-piper-front-cpu/): one or two sentences are a voice agent's
+// batches; the bound between is not measured.
+const autoCPURows = 2
+
+// frontFor is the session a front batch of rows sentences runs in, and the function to call when
+// it is done.
+func (c *piperChunker) frontFor(rows int) (*onnxrt.DynamicAdvancedSession, func()) {
+	if c.cpu != nil && rows <= autoCPURows && c.cpuBusy.CompareAndSwap(false, true) {
+		return c.cpu, func() { c.cpuBusy.Store(false) }
+	}
+	return c.front, func() {}
 }
 
 // latent is one sentence's front output: channels × frames, frame-minor.
@@ -138,7 +179,9 @@ func (c *piperChunker) runFront(f *piperFile, rows [][]int64, sids []int64, spee
 		return nil, err
 	}
 	outs := []onnxrt.Value{nil, nil}
-	err = c.front.Run(vals, outs)
+	s, done := c.frontFor(len(rows))
+	err = s.Run(vals, outs)
+	done()
 	defer ort.Destroy(outs)
 	if err != nil {
 		return nil, piperRunError(f, len(rows), err)

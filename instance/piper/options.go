@@ -41,7 +41,9 @@ type Options struct {
 	// decoder staying on the group's provider. On CUDA the front's hundreds of small operators
 	// cost more in launches and shape work than in arithmetic (docs/piper.md, "Front on the
 	// CPU"). cpu needs piper_decode chunks, which splits the front off; on the CPU provider it
-	// is gpu's placement.
+	// is gpu's placement. auto loads the front both ways and runs a front batch of at most
+	// autoCPURows sentences on the CPU while no other front runs there, any other on the group's
+	// provider: the CPU's first audio for a few streams, the GPU's throughput for many.
 	Front Front `json:"piper_front"`
 }
 
@@ -53,10 +55,12 @@ const (
 	FrontGPU Front = "gpu"
 	// FrontCPU runs the front on ONNX Runtime's CPU provider.
 	FrontCPU Front = "cpu"
+	// FrontAuto runs small front batches on the CPU, the others on the group's provider.
+	FrontAuto Front = "auto"
 )
 
 func (f *Front) UnmarshalText(b []byte) (err error) {
-	*f, err = engine.ParseEnum(b, FrontGPU, FrontCPU)
+	*f, err = engine.ParseEnum(b, FrontGPU, FrontCPU, FrontAuto)
 	return err
 }
 
@@ -113,8 +117,8 @@ func (o Options) Validate() error {
 	if o.Precision == Float16 && o.Decode == DecodeSentences {
 		return &tts.OptionError{Key: "piper_precision", Msg: "float16 converts the decoder that piper_decode chunks splits off the voice's graph; it cannot be used with piper_decode sentences"}
 	}
-	if o.Front == FrontCPU && o.Decode == DecodeSentences {
-		return &tts.OptionError{Key: "piper_front", Msg: "cpu moves the front graph, which piper_decode chunks splits off the voice's graph, to the CPU; it cannot be used with piper_decode sentences, which runs the graph whole"}
+	if (o.Front == FrontCPU || o.Front == FrontAuto) && o.Decode == DecodeSentences {
+		return &tts.OptionError{Key: "piper_front", Msg: fmt.Sprintf("%s moves the front graph, which piper_decode chunks splits off the voice's graph, to the CPU; it cannot be used with piper_decode sentences, which runs the graph whole", o.Front)}
 	}
 	return nil
 }

@@ -95,8 +95,8 @@ func (r *Runner) load(f *piperFile) (*piperSession, error) {
 		if r.opts.Float16 {
 			return nil, fmt.Errorf("piper voice %s: engine option piper_precision float16 converts the decoder that chunked decoding splits off, and this voice cannot be decoded in chunks (%s); use piper_precision float32", f.Path, reason)
 		}
-		if r.opts.CPUFront && r.rt.CUDA() {
-			slog.Warn("piper voice cannot be decoded in chunks, so piper_front cpu has no front to move; it runs whole sentences on CUDA", "voice", f.Stem, "reason", reason)
+		if (r.opts.CPUFront || r.opts.AutoFront) && r.rt.CUDA() {
+			slog.Warn("piper voice cannot be decoded in chunks, so piper_front has no front to move; it runs whole sentences on CUDA", "voice", f.Stem, "reason", reason)
 		} else {
 			slog.Info("piper voice cannot be decoded in chunks; it runs whole sentences", "voice", f.Stem, "reason", reason)
 		}
