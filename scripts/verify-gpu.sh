@@ -375,7 +375,7 @@ PY
 # manifest, $VOX/pipeline-bench.yaml, with generation.max_len (and min_len) set to CAP. Responses
 # are FORMAT (default wav: at the model's 44.1 kHz, which a build without FFmpeg serves; pcm is
 # resampled to 24 kHz and needs FFmpeg). BASELINE=0 leaves the baseline out (voxmux alone).
-# VARIANTS="A;B" serves and sweeps voxmux once per variant of group options (", lm_cuda_graph: on"),
+# VARIANTS="A;B" serves and sweeps voxmux once per variant of group options (", engine: {lm_cuda_graph: off}"),
 # against one baseline process; reports in BENCH_OUT-1, BENCH_OUT-2, ... (default $LOGS/voxbench-N).
 # BASE_URL compares with a baseline already serving there (started as below) instead of starting one.
 # voxmanifest: $VOX/pipeline-bench.yaml, the export's manifest with generation.max_len CAP (and

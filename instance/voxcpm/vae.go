@@ -120,7 +120,7 @@ func openVAE(m *Manifest, rt *ort.Runtime, rows int, buckets []int, modes graphM
 	p := rt.Placement()
 	p.CUDAGraph = p.CUDA && graphs && !plain
 	p.ProviderOptions = maps.Clone(p.ProviderOptions)
-	perBatch := modes.perBatchVAE && !plain && !p.CUDAGraph
+	perBatch := modes.perBatchVAE // never with plainVAE or captureVAE (resolveModes)
 	if perBatch {
 		// Each session sees one shape, so the exhaustive search (about 1.5 s a shape) runs once
 		// per session, at load, with channels-last convolutions as uncaptured.
