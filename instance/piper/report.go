@@ -36,7 +36,7 @@ type request struct {
 func (r *Runner) begin(ctx context.Context) (q *request, end func(error)) {
 	q = &request{}
 	q.held.Store(1)
-	stop := context.AfterFunc(ctx, func() {
+	note := func() {
 		if q.ended.Load() {
 			return
 		}
@@ -48,12 +48,17 @@ func (r *Runner) begin(ctx context.Context) (q *request, end func(error)) {
 			// Every hold ended between the two loads: nothing was wasted that release saw.
 			r.cancels.Add(0)
 		}
-	})
+	}
+	stop := context.AfterFunc(ctx, note)
 	return q, func(err error) {
 		if err == nil || ctx.Err() == nil {
 			q.ended.Store(true)
 		}
-		stop()
+		// The context package closes Done before it starts the watch's goroutine, so Synthesize
+		// can wake on the cancel and end here first: the cancel is noted here then.
+		if stop() && ctx.Err() != nil {
+			note()
+		}
 		r.release(q)
 	}
 }

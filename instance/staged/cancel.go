@@ -73,26 +73,41 @@ func (e *Engine) release(s *stream) {
 }
 
 // watchCancel notes when s's request is cancelled while the engine still works on it (not when
-// it ends after its audio is complete, or failed). The returned func stops watching.
+// it ends after its audio is complete, or failed). The returned func stops watching; when it
+// returns true the watch never ran, and Synthesize notes the cancel itself (abandon).
 func (e *Engine) watchCancel(s *stream) func() bool {
-	return context.AfterFunc(s.ctx, func() {
-		if closed, err := s.out.Ended(); (closed && !isCancel(err)) || s.held.Load() == 0 {
-			return
-		}
-		s.cancelStep.Store(e.steps.Load() + 1)
-		select { // its chunks waiting for the flow leave the queue now
-		case e.wakeFlow <- struct{}{}:
-		default:
-		}
-		now := time.Now().UnixNano()
-		if !s.cancelAt.CompareAndSwap(0, now) {
-			return
-		}
-		if s.held.Load() == 0 && s.cancelAt.CompareAndSwap(now, -1) {
-			// Every stage let go between the two loads: nothing was wasted that release saw.
-			e.cancels.Add(0)
-		}
-	})
+	return context.AfterFunc(s.ctx, func() { e.noteCancel(s) })
+}
+
+// abandon notes the cancel of a stream that Synthesize leaves early (its request's context ended
+// or emit failed) while watchCancel's watch had not run: the context package closes a context's
+// Done before it starts the watch's goroutine, so Synthesize can wake, return and stop the watch
+// first; without this, such a cancel went uncounted.
+func (e *Engine) abandon(s *stream, early bool) {
+	if s.stopWatch() && early {
+		e.noteCancel(s)
+	}
+}
+
+// noteCancel marks s cancelled unless its output ended otherwise or no stage holds it; the
+// stage that lets go of it last counts the cancel (release).
+func (e *Engine) noteCancel(s *stream) {
+	if closed, err := s.out.Ended(); (closed && !isCancel(err)) || s.held.Load() == 0 {
+		return
+	}
+	s.cancelStep.Store(e.steps.Load() + 1)
+	select { // its chunks waiting for the flow leave the queue now
+	case e.wakeFlow <- struct{}{}:
+	default:
+	}
+	now := time.Now().UnixNano()
+	if !s.cancelAt.CompareAndSwap(0, now) {
+		return
+	}
+	if s.held.Load() == 0 && s.cancelAt.CompareAndSwap(now, -1) {
+		// Every stage let go between the two loads: nothing was wasted that release saw.
+		e.cancels.Add(0)
+	}
 }
 
 func isCancel(err error) bool {

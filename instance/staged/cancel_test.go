@@ -93,6 +93,30 @@ func TestEngineCancelCountsOnlyUnfinished(t *testing.T) {
 	}
 }
 
+// A client gone while its context is still live (emit fails: the router's stream broke) leaves
+// the engine's work on the rest of its text wasted: the cancel is counted once the engine lets go,
+// though no watch of the context ever fired.
+func TestEngineCancelCountsEmitFailure(t *testing.T) {
+	e := NewEngine(tinyPipeline(t))
+	defer e.Close()
+	gone := errors.New("the client left")
+	long := strings.Repeat("Streams are batched together at every stage. ", 5)
+	err := e.Synthesize(context.Background(), tts.Request{Text: long, Seed: 1}, func(tts.Chunk) error { return gone })
+	if !errors.Is(err, gone) {
+		t.Fatalf("Synthesize returned %v, want emit's error", err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for e.Active() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := e.Active(); n != 0 {
+		t.Fatalf("engine still holds %d streams", n)
+	}
+	if st := e.CancelStats(); st.Count != 1 {
+		t.Errorf("cancels %+v, want 1", st)
+	}
+}
+
 // Each chunk says which text it speaks: the spans follow each other from the text's start to its
 // end, on character boundaries. The estimate inside (speech tokens in proportion to characters)
 // is compared with the proportional position the finished request gives in hindsight; the

@@ -160,15 +160,24 @@ func (e *Engine) Synthesize(ctx context.Context, req tts.Request, emit func(tts.
 			return err
 		}
 	}
+	reqCtx := ctx
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // the segments started and not yet spoken end with the request
 	spans := segmentSpans(req.Text, segs)
 	var started []*stream
-	defer func() {
+	emitFailed := false
+	defer func() { // before cancel: a segment still held is a cancel when the client is gone
+		early := reqCtx.Err() != nil || emitFailed
 		for _, s := range started {
-			s.stopWatch()
+			e.abandon(s, early)
 		}
 	}()
+	emitOne := emit
+	emit = func(c tts.Chunk) error {
+		err := emitOne(c)
+		emitFailed = emitFailed || err != nil
+		return err
+	}
 	start := func() error {
 		i := len(started)
 		s := e.newStream(ctx, req, voice, segs[i], prompts[i], segTokens[i], i)
