@@ -15,7 +15,7 @@ import (
 // spoken whole.
 func TestRealtimeAgainstServe(t *testing.T) {
 	listen := freePort(t)
-	s := startServe(t, writeConfig(t, listen, "  - name: cpu\n    instances: 1\nrealtime:\n  min_chars: 10\n  max_chars: 1000\n  idle_flush: 0s\n"), listen)
+	s := startServe(t, writeConfig(t, listen, "  - name: cpu\n    instances: 1\nrealtime:\n  min_chars: 10\n  idle_flush: 0s\n"), listen)
 	c, _, err := websocket.DefaultDialer.Dial("ws://"+listen+"/v1/audio/speech/stream", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -59,11 +59,9 @@ func TestRealtimeAgainstServe(t *testing.T) {
 	if m := read(); m.Type != "session.created" {
 		t.Fatalf("session.config answered %+v", m)
 	}
-	// A first segment of 1000 characters (max_chars; 1024 prompt tokens is the tiny model's
-	// limit), long enough that its synthesis is still running when the barge-in arrives, however
-	// loaded the machine: at the default max_chars (200) each segment was synthesized faster than
-	// the one before it streamed out, and on a loaded 2-core machine the barge-in at times found
-	// no segment in the engine.
+	// Long enough that its synthesis is still running when the barge-in arrives, however fast the
+	// machine: a reply of 160 characters was at times synthesized whole before the cancel arrived, on
+	// a loaded 2-core machine.
 	long := strings.Repeat("A long reply that the user interrupts before it ends ", 25)
 	for _, tok := range strings.SplitAfter(long, " ") {
 		send(map[string]any{"type": "input.text", "context_id": "reply", "text": tok})
