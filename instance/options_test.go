@@ -66,6 +66,10 @@ func TestEngineOptionsOfTheServingFamily(t *testing.T) {
 			[]string{":5:", "groups[0].engine.vocoder_cuda_graph", `"fixed" is not one of [on off]`}},
 		{"piper front on the CPU with whole sentences", piperModel, "    engine:\n      piper_decode: sentences\n      piper_front: cpu\n",
 			[]string{":6:", "groups[0].engine.piper_front", "cannot be used with piper_decode sentences"}},
+		{"piper flow in chunks with whole sentences", piperModel, "    engine:\n      piper_decode: sentences\n      piper_flow: chunks\n",
+			[]string{":6:", "groups[0].engine.piper_flow", "cannot be used with piper_decode sentences"}},
+		{"piper flow nowhere", piperModel, "    engine:\n      piper_flow: gpu\n",
+			[]string{":5:", "groups[0].engine.piper_flow", "front", "chunks"}},
 		{"engine option among provider options", piperModel, "    provider_options:\n      piper_batch: \"8\"\n",
 			[]string{":5:", "groups[0].provider_options.piper_batch", "engine option (of the piper family)", "groups[0].engine.piper_batch"}},
 	} {

@@ -27,6 +27,8 @@ type Attr struct {
 	Ints  []int64
 	S     string
 	Graph bool // holds a subgraph (If, Loop, Scan): its outer-scope inputs are not listed
+	// Int64s is the values of an int64 tensor attribute (a Constant's value); nil for another type.
+	Int64s []int64
 }
 
 // Graph is a GraphProto read field by field, each field's bytes kept for re-encoding.
@@ -34,7 +36,9 @@ type Graph struct {
 	Fields []Field
 	Nodes  []Node
 	Dims   map[string][]int64 // initializer name → dims
-	Inputs map[string]bool    // the graph's inputs, initializers listed as inputs left out
+	// Int64s holds the values of the int64 initializers of at most 16 elements (axes, shapes).
+	Int64s map[string][]int64
+	Inputs map[string]bool // the graph's inputs, initializers listed as inputs left out
 }
 
 // Field is one field of a GraphProto.
@@ -79,7 +83,7 @@ func ReplaceGraph(data []byte, at, end int, graph []byte) []byte {
 }
 
 func ParseGraph(b []byte) (*Graph, error) {
-	g := &Graph{Dims: map[string][]int64{}, Inputs: map[string]bool{}}
+	g := &Graph{Dims: map[string][]int64{}, Int64s: map[string][]int64{}, Inputs: map[string]bool{}}
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -114,6 +118,12 @@ func ParseGraph(b []byte) (*Graph, error) {
 					return nil
 				})
 				g.Dims[f.Name] = dims
+				if err == nil && len(v) < 512 {
+					var vals []int64
+					if vals, err = int64Tensor(v); vals != nil && len(vals) <= 16 {
+						g.Int64s[f.Name] = vals
+					}
+				}
 			case 11, 12, 13: // ValueInfoProto: name 1
 				err = ort.EachField(v, func(k protowire.Number, s []byte) error {
 					if k == 1 {
@@ -161,6 +171,12 @@ func ParseNode(v []byte) (Node, error) {
 					a.S = string(b)
 				case (k == 6 || k == 11) && b != nil:
 					a.Graph = true
+				case k == 5 && b != nil:
+					v, err := int64Tensor(b)
+					if err != nil {
+						return err
+					}
+					a.Int64s = v
 				case k == 8 && b == nil:
 					a.Ints = append(a.Ints, int64(x))
 				case k == 8 && b != nil:
@@ -174,6 +190,43 @@ func ParseNode(v []byte) (Node, error) {
 		return nil
 	})
 	return nd, err
+}
+
+// int64Tensor reads a TensorProto's values when its type is int64 (data_type 2 = 7; int64_data 7,
+// packed or not; raw_data 9, little-endian); nil for another type.
+func int64Tensor(b []byte) ([]int64, error) {
+	var elem uint64
+	var vals []int64
+	var raw []byte
+	err := ort.EachFieldOrVarint(b, func(k protowire.Number, s []byte, x uint64) error {
+		switch {
+		case k == 2 && s == nil:
+			elem = x
+		case k == 7 && s == nil:
+			vals = append(vals, int64(x))
+		case k == 7 && s != nil:
+			vals = append(vals, Packed(s)...)
+		case k == 9 && s != nil:
+			raw = s
+		}
+		return nil
+	})
+	if err != nil || elem != uint64(ort.ONNXInt64) {
+		return nil, err
+	}
+	if raw != nil {
+		if len(raw)%8 != 0 {
+			return nil, fmt.Errorf("int64 raw_data of %d bytes", len(raw))
+		}
+		vals = make([]int64, len(raw)/8)
+		for i := range vals {
+			vals[i] = int64(binary.LittleEndian.Uint64(raw[8*i:]))
+		}
+	}
+	if vals == nil {
+		vals = []int64{}
+	}
+	return vals, nil
 }
 
 // Packed decodes a packed repeated varint field.

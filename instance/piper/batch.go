@@ -40,6 +40,9 @@ type piperOptions struct {
 	// (piper_front auto).
 	CPUFront, AutoFront bool
 	FrontThreads        int
+	// ChunkFlow: the flow is cut out of the front and run over each chunk's frames (piper_flow
+	// chunks).
+	ChunkFlow bool
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -71,6 +74,7 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.Float16 = e.Precision == Float16
 	o.CPUFront = e.Front == FrontCPU
 	o.AutoFront = e.Front == FrontAuto
+	o.ChunkFlow = e.Flow == FlowChunks
 	o.FrontThreads = e.IntraOpThreads
 	if (o.CPUFront || o.AutoFront) && cfg.Provider == "cuda" && o.FrontThreads == 0 {
 		o.FrontThreads = cpuFrontThreads(runtime.NumCPU())

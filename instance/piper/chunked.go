@@ -40,8 +40,11 @@ type piperChunker struct {
 	// cpu is the front's session on the CPU provider beside front's on the group's provider
 	// (piper_front auto; nil otherwise), which runs a batch of at most autoCPURows sentences
 	// while cpuBusy is not set.
-	cpu         *onnxrt.DynamicAdvancedSession
-	cpuBusy     *atomic.Bool
+	cpu     *onnxrt.DynamicAdvancedSession
+	cpuBusy *atomic.Bool
+	// flow is the flow's session on the group's provider when it runs over chunks (piper_flow
+	// chunks; nil: the front holds the flow, and its output is the latent).
+	flow        *onnxrt.DynamicAdvancedSession
 	first, most int // chunk frames: the first chunk's, and the most of a later one's
 	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
 	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
@@ -54,9 +57,12 @@ type piperChunker struct {
 // the front holds the duration rounding and everything that reads it (the row lengths, the
 // alignment), so its latent and lengths are the frames at each row's speed.
 func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, string, error) {
-	sp, reason, err := splitPiper(f.Path)
+	sp, reason, err := splitPiper(f.Path, r.opts.ChunkFlow)
 	if err != nil || sp == nil {
 		return nil, reason, err
+	}
+	if r.opts.ChunkFlow && sp.flowReason != "" {
+		slog.Warn("piper voice's flow cannot run in chunks; it stays in the front", "voice", f.Stem, "reason", sp.flowReason)
 	}
 	g, err := piperWithSpeed(sp.front)
 	if err != nil {
@@ -68,6 +74,9 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		in = append(slices.Clip(in), piperSpeedInput)
 	}
 	frontOut := []string{sp.latent, piperLengthOutput}
+	if sp.flow != nil {
+		frontOut[0] = sp.flowIn
+	}
 	var front, cpu *onnxrt.DynamicAdvancedSession
 	if r.opts.AutoFront {
 		if cpu, err = r.rt.CPUSessionFromData(r.opts.FrontThreads, "piper-front-cpu", sp.front, in, frontOut); err != nil {
@@ -117,8 +126,20 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		destroyFronts(front, cpu)
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
-	sp.front, sp.decoder = nil, nil // the sessions hold their own copies
-	c := &piperChunker{front: front, cpu: cpu, cpuBusy: new(atomic.Bool), dec: dec, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	var flow *onnxrt.DynamicAdvancedSession
+	if sp.flow != nil {
+		flowIn := []string{sp.flowIn, sp.flowMask}
+		if sp.flowSID {
+			flowIn = append(flowIn, "sid")
+		}
+		if flow, err = r.rt.SessionFromData("piper-flow", sp.flow, flowIn, []string{sp.latent}); err != nil {
+			destroyFronts(front, cpu)
+			dec.Destroy()
+			return nil, "", fmt.Errorf("piper voice: load %s: flow: %w", f.Path, err)
+		}
+	}
+	sp.front, sp.decoder, sp.flow = nil, nil, nil // the sessions hold their own copies
+	c := &piperChunker{front: front, cpu: cpu, cpuBusy: new(atomic.Bool), dec: dec, flow: flow, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {
 		var pcm []float32
@@ -136,6 +157,9 @@ func (c *piperChunker) close() error {
 	err := errors.Join(c.front.Destroy(), c.dec.Destroy())
 	if c.cpu != nil {
 		err = errors.Join(err, c.cpu.Destroy())
+	}
+	if c.flow != nil {
+		err = errors.Join(err, c.flow.Destroy())
 	}
 	return err
 }
@@ -232,10 +256,17 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 	}
 	in := make([]float32, b*ch*w)
 	sids := make([]int64, b)
+	if c.flow != nil {
+		if err := c.runFlow(f, ws, in, w); err != nil {
+			return nil, err
+		}
+	}
 	for r, x := range ws {
 		n := x.l.frames
-		for k := range ch {
-			copy(in[(r*ch+k)*w:], x.l.z[k*n+x.lo:k*n+x.hi])
+		if c.flow == nil {
+			for k := range ch {
+				copy(in[(r*ch+k)*w:], x.l.z[k*n+x.lo:k*n+x.hi])
+			}
 		}
 		sids[r] = x.sid
 	}
@@ -273,6 +304,73 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 		out[r] = append([]float32(nil), row[(x.from-x.lo)*hop:(x.to-x.lo)*hop]...)
 	}
 	return out, nil
+}
+
+// runFlow turns windows of z_p (the front's output with the flow in chunks) into the decoder's
+// latent: one flow run over each window widened by the flow's receptive field as far as its
+// sentence reaches, rows padded at the end with zero frames that the mask marks as past the row
+// (the flow masks every layer, so they act as the whole run's zero padding at the sentence's
+// end). Row r's latent frames [lo, hi) go to in[r] as the decoder's input, w frames a row.
+func (c *piperChunker) runFlow(f *piperFile, ws []window, in []float32, w int) error {
+	b, ch := len(ws), ws[0].l.channels
+	los, fw := make([]int, b), 0
+	for r, x := range ws {
+		los[r] = max(0, x.lo-c.split.flowLeft)
+		fw = max(fw, min(x.l.frames, x.hi+c.split.flowRight)-los[r])
+	}
+	zp := make([]float32, b*ch*fw)
+	mask := make([]float32, b*fw)
+	for r, x := range ws {
+		n, hi := x.l.frames, min(x.l.frames, x.hi+c.split.flowRight)
+		for k := range ch {
+			copy(zp[(r*ch+k)*fw:], x.l.z[k*n+los[r]:k*n+hi])
+		}
+		for t := range hi - los[r] {
+			mask[r*fw+t] = 1
+		}
+	}
+	var vals []onnxrt.Value
+	defer func() { ort.Destroy(vals) }()
+	add := func(v onnxrt.Value, err error) error {
+		if err == nil {
+			vals = append(vals, v)
+		}
+		return err
+	}
+	errs := []error{
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(fw)), zp)),
+		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, int64(fw)), mask)),
+	}
+	if c.split.flowSID {
+		sids := make([]int64, b)
+		for r, x := range ws {
+			sids[r] = x.sid
+		}
+		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("piper flow input: %w", err)
+	}
+	outs := []onnxrt.Value{nil}
+	err := c.flow.Run(vals, outs)
+	defer ort.Destroy(outs)
+	if err != nil {
+		return piperRunError(f, b, err)
+	}
+	z, err := ort.Floats(outs[0])
+	if err != nil {
+		return fmt.Errorf("piper voice %s: flow: %w", f.Stem, err)
+	}
+	if len(z) != b*ch*fw {
+		return fmt.Errorf("piper voice %s: the flow gave %d values for %d rows of %d channels and %d frames", f.Stem, len(z), b, ch, fw)
+	}
+	for r, x := range ws {
+		at := x.lo - los[r]
+		for k := range ch {
+			copy(in[(r*ch+k)*w:(r*ch+k)*w+x.hi-x.lo], z[(r*ch+k)*fw+at:])
+		}
+	}
+	return nil
 }
 
 // chunkWindow is the window that decodes frames [from, to) of l with the receptive field's

@@ -22,27 +22,43 @@ const (
 const chunkTolerance = 1e-4
 
 // The graph splits at the decoder's input, found by structure, with the decoder's receptive field
-// read from its convolutions; a graph without VITS's structure is refused with the reason.
+// read from its convolutions, and, asked to, at the flow's input, with the flow's field; a graph
+// without VITS's structure is refused with the reason, a flow without VITS's coupling layers
+// stays in the front with the reason.
 func TestPiperSplit(t *testing.T) {
 	for _, c := range []struct {
 		path        string
 		sid         bool
 		left, right int
+		// the flow's field in frames; flowReason: what keeps the flow in the front
+		flowLeft, flowRight int
+		flowReason          string
 	}{
-		{reference(t).voice, false, 13, 12},
-		{tinyVITSEN, false, 7, 6},
-		{tinyVITSMulti, true, 7, 6},
+		{reference(t).voice, false, 13, 12, 32, 32, ""},
+		{tinyVITSEN, false, 7, 6, 0, 0, "no coupling layer"},
+		{tinyVITSMulti, true, 7, 6, 0, 0, "no coupling layer"},
 	} {
-		sp, reason, err := splitPiper(c.path)
-		if err != nil || sp == nil {
-			t.Fatalf("%s: %v %s", c.path, err, reason)
-		}
-		if sp.decoderSID != c.sid || sp.left != c.left || sp.right != c.right || sp.hop != 256 {
-			t.Errorf("%s: decoder input %s, sid %v, field %d/%d frames, hop %d; want sid %v, %d/%d, 256",
-				c.path, sp.latent, sp.decoderSID, sp.left, sp.right, sp.hop, c.sid, c.left, c.right)
+		for _, flow := range []bool{false, true} {
+			sp, reason, err := splitPiper(c.path, flow)
+			if err != nil || sp == nil {
+				t.Fatalf("%s: %v %s", c.path, err, reason)
+			}
+			if sp.decoderSID != c.sid || sp.left != c.left || sp.right != c.right || sp.hop != 256 {
+				t.Errorf("%s: decoder input %s, sid %v, field %d/%d frames, hop %d; want sid %v, %d/%d, 256",
+					c.path, sp.latent, sp.decoderSID, sp.left, sp.right, sp.hop, c.sid, c.left, c.right)
+			}
+			switch {
+			case !flow && (sp.flow != nil || sp.flowReason != ""):
+				t.Errorf("%s: the flow cut out unasked (%q)", c.path, sp.flowReason)
+			case flow && c.flowReason == "" && (sp.flow == nil || sp.flowLeft != c.flowLeft || sp.flowRight != c.flowRight || sp.flowSID != c.sid):
+				t.Errorf("%s: flow from %s with mask %s, field %d/%d, sid %v (%q); want %d/%d",
+					c.path, sp.flowIn, sp.flowMask, sp.flowLeft, sp.flowRight, sp.flowSID, sp.flowReason, c.flowLeft, c.flowRight)
+			case flow && c.flowReason != "" && (sp.flow != nil || !strings.Contains(sp.flowReason, c.flowReason)):
+				t.Errorf("%s: flow cut %v with reason %q, want it kept in the front for %q", c.path, sp.flow != nil, sp.flowReason, c.flowReason)
+			}
 		}
 	}
-	sp, reason, err := splitPiper(tinyPiperEN)
+	sp, reason, err := splitPiper(tinyPiperEN, false)
 	if err != nil || sp != nil || !strings.Contains(reason, "length computation") {
 		t.Fatalf("tiny voice without VITS's structure: %v, %v, %q", sp, err, reason)
 	}
@@ -104,11 +120,15 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 	for _, c := range []struct {
 		path string
 		sid  int64
-	}{{tinyVITSEN, 0}, {tinyVITSMulti, 1}, {reference(t).voice, 0}} {
+		flow Flow
+	}{{tinyVITSEN, 0, ""}, {tinyVITSMulti, 1, ""}, {reference(t).voice, 0, ""}, {reference(t).voice, 0, FlowChunks}} {
 		for _, sizes := range [][2]int{{12, 96}, {4, 4}} {
-			_, s := chunkRunner(t, c.path, Options{FirstChunk: sizes[0], Chunk: sizes[1]})
+			_, s := chunkRunner(t, c.path, Options{FirstChunk: sizes[0], Chunk: sizes[1], Flow: c.flow})
 			_, whole := chunkRunner(t, c.path, Options{Decode: DecodeSentences})
 			ch, f := s.chunks, s.file
+			if (ch.flow != nil) != (c.flow == FlowChunks) {
+				t.Fatalf("%s: flow session %v with piper_flow %q", c.path, ch.flow != nil, c.flow)
+			}
 			sents, err := f.sentences(ph, "The weather is nice today, so we will walk to the park. What? No!")
 			if err != nil {
 				t.Fatal(err)
@@ -166,10 +186,20 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 				if d > chunkTolerance {
 					t.Errorf("%s, chunks %v, %d frames: chunked differs from whole by %g (%g away from the first and last frames)", f.Stem, sizes, l.frames, d, inner)
 				}
-				t.Logf("%s, chunks %v: %d frames, largest difference %.2g (%.2g away from the ends), receptive field %d/%d frames",
-					f.Stem, sizes, l.frames, d, inner, left, right)
+				t.Logf("%s, piper_flow %q, chunks %v: %d frames, largest difference %.2g (%.2g away from the ends), receptive field %d/%d frames",
+					f.Stem, c.flow, sizes, l.frames, d, inner, left, right)
 				if sizes[0] != 4 || si > 0 {
 					continue
+				}
+				if ch.flow != nil {
+					// The flow's own context matters: without it the chunks differ.
+					fl, fr := ch.split.flowLeft, ch.split.flowRight
+					ch.split.flowLeft, ch.split.flowRight = 0, 0
+					d := piperMaxDiff(decodeChunks(t, ch, f, l, c.sid, left, right), one[0])
+					ch.split.flowLeft, ch.split.flowRight = fl, fr
+					if d <= chunkTolerance {
+						t.Errorf("%s: the flow run over chunks with no context equals the whole run (%g): the test cannot tell context from none", f.Stem, d)
+					}
 				}
 				// The least context on both sides that keeps the chunks equal.
 				need := 0

@@ -62,7 +62,7 @@ func readTensor(t *testing.T, v []byte) tensorInfo {
 // strict shape inference accept the graph and infer float16 for every tensor inside it.
 func TestPiperFloat16Graph(t *testing.T) {
 	for _, path := range []string{tinyVITSEN, tinyVITSMulti, reference(t).voice} {
-		sp, reason, err := splitPiper(path)
+		sp, reason, err := splitPiper(path, false)
 		if err != nil || sp == nil {
 			t.Fatalf("%s: %v %s", path, err, reason)
 		}
@@ -182,7 +182,7 @@ func TestPiperFloat16OnCPU(t *testing.T) {
 			t.Fatalf("%s: float16 not in force", c.path)
 		}
 		// The float32 decoder with its weights rounded through float16.
-		sp, _, err := splitPiper(c.path)
+		sp, _, err := splitPiper(c.path, false)
 		if err != nil {
 			t.Fatal(err)
 		}

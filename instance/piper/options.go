@@ -45,6 +45,29 @@ type Options struct {
 	// autoCPURows sentences on the CPU while no other front runs there, any other on the group's
 	// provider: the CPU's first audio for a few streams, the GPU's throughput for many.
 	Front Front `json:"piper_front"`
+	// Flow is where a chunked voice's flow (VITS's coupling layers, from z_p to the latent) runs:
+	// "front" (the default) in the front graph, over each sentence's frames before its first chunk;
+	// "chunks" cut out of the front as a graph of its own, run on the group's provider over each
+	// chunk's frames with the flow's receptive field on each side, so the first chunk waits only
+	// for the text encoder and duration predictor (docs/piper.md, "The flow in chunks"). A voice
+	// whose flow lacks VITS's structure keeps it in the front, with the reason logged. chunks
+	// needs piper_decode chunks.
+	Flow Flow `json:"piper_flow"`
+}
+
+// Flow is where a chunked voice's flow runs (piper_flow).
+type Flow string
+
+const (
+	// FlowFront runs the flow in the front graph, over a sentence's frames at once.
+	FlowFront Flow = "front"
+	// FlowChunks runs the flow over each chunk's frames, beside the decoder.
+	FlowChunks Flow = "chunks"
+)
+
+func (f *Flow) UnmarshalText(b []byte) (err error) {
+	*f, err = engine.ParseEnum(b, FlowFront, FlowChunks)
+	return err
 }
 
 // Front is where a chunked voice's front graph runs (piper_front).
@@ -119,6 +142,9 @@ func (o Options) Validate() error {
 	}
 	if (o.Front == FrontCPU || o.Front == FrontAuto) && o.Decode == DecodeSentences {
 		return &tts.OptionError{Key: "piper_front", Msg: fmt.Sprintf("%s moves the front graph, which piper_decode chunks splits off the voice's graph, to the CPU; it cannot be used with piper_decode sentences, which runs the graph whole", o.Front)}
+	}
+	if o.Flow == FlowChunks && o.Decode == DecodeSentences {
+		return &tts.OptionError{Key: "piper_flow", Msg: "chunks runs the flow over the chunks that piper_decode chunks decodes; it cannot be used with piper_decode sentences, which runs the graph whole"}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 
 	"github.com/voxmux/voxmux/instance/onnxedit"
 	"github.com/voxmux/voxmux/instance/ort"
@@ -31,6 +32,17 @@ type piperSplit struct {
 	// frames t-left to t+right only.
 	left, right int
 	hop         int // output samples per latent frame
+	// flow is VITS's flow cut out of the front (piper_flow chunks; nil: the front holds it): a
+	// graph from the flow's input (z_p, flowIn, [B, channels, frames]) and the frames' mask
+	// (y_mask, flowMask, [B, 1, frames]: 1 for a row's frames, 0 past them) to the latent,
+	// each latent frame t depending on flowIn's frames t-flowLeft to t+flowRight only. Then the
+	// front outputs z_p in place of the latent.
+	flow                []byte
+	flowIn, flowMask    string
+	flowSID             bool
+	flowLeft, flowRight int
+	// flowReason says why the flow stayed in the front when it was asked for.
+	flowReason string
 }
 
 // Decoder ops voxmux knows the reach of in time, besides convolutions: elementwise ones.
@@ -40,12 +52,17 @@ var piperLocalOps = map[string]bool{
 	"Identity": true, "Cast": true, "Unsqueeze": true, "Squeeze": true,
 }
 
+// channelAxis reports whether axis is a [B, channels, frames] tensor's channel axis.
+func channelAxis(axis int64) bool { return axis == 1 || axis == -2 }
+
 // splitGraph is the voice's graph, with what splitPiper asks of it.
 type splitGraph struct{ *onnxedit.Graph }
 
-// splitPiper reads the voice file at path and cuts it at the decoder's input. It returns a reason
-// (and no split) when the graph cannot be cut: the voice then runs whole sentences.
-func splitPiper(path string) (*piperSplit, string, error) {
+// splitPiper reads the voice file at path and cuts it at the decoder's input, and at the flow's
+// input too when flow is set and the flow has VITS's structure (else flowReason says why not). It
+// returns a reason (and no split) when the graph cannot be cut: the voice then runs whole
+// sentences.
+func splitPiper(path string, flow bool) (*piperSplit, string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, "", err
@@ -87,16 +104,89 @@ func splitPiper(path string) (*piperSplit, string, error) {
 		}
 	}
 	sp := &piperSplit{latent: latent, decoderSID: decInputs["sid"]}
-	if reason := g.reach(dec, latent, sp); reason != "" {
+	o, reason := g.reach(producer, dec, []string{latent}, "output")
+	if reason != "" {
 		return nil, reason, nil
 	}
-	front, frontInputs := g.ancestors(producer, []string{latent, lengths}, "")
+	if o.rate < 1 || o.rate != math.Trunc(o.rate) {
+		return nil, fmt.Sprintf("the decoder gives %g samples a frame", o.rate), nil
+	}
+	sp.hop = int(o.rate)
+	sp.left, sp.right = int(math.Ceil(o.left)), int(math.Ceil(o.right))
+	frontOut := latent
+	if flow {
+		sp.flowReason = g.cutFlow(producer, latent, sp)
+		if sp.flowReason == "" {
+			frontOut = sp.flowIn
+			sp.flow = onnxedit.ReplaceGraph(data, at, end, sp.flow)
+		}
+	}
+	front, frontInputs := g.ancestors(producer, []string{frontOut, lengths})
 	frames := onnxedit.IdentityNode(lengths, piperLengthOutput)
 	sp.front = onnxedit.ReplaceGraph(data, at, end, g.subgraph(front, frontInputs, nil,
-		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
+		[][]byte{onnxedit.ValueInfo(frontOut, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
 	sp.decoder = onnxedit.ReplaceGraph(data, at, end, g.subgraph(dec, decInputs,
 		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
 	return sp, "", nil
+}
+
+// cutFlow finds VITS's flow, run in reverse, ahead of the latent, by structure: the latent is
+// Mul(flow output, y_mask); walking back, each coupling layer ends in Concat(Split(x)[0], ·) and
+// each flip between them is a Slice; the first tensor not made so is z_p, the flow's input. It
+// sets sp's flow graph (the graph's bytes, not yet a model), inputs and receptive field, or
+// returns why the flow stays in the front.
+func (g splitGraph) cutFlow(producer map[string]int, latent string, sp *piperSplit) string {
+	p, ok := producer[latent]
+	if !ok || g.Nodes[p].Op != "Mul" || len(g.Nodes[p].In) != 2 {
+		return "the latent is not a product with the frames' mask"
+	}
+	cur, mask := "", ""
+	for i, in := range g.Nodes[p].In {
+		if q, ok := producer[in]; ok && g.Nodes[q].Op == "Concat" {
+			cur, mask = in, g.Nodes[p].In[1-i]
+		}
+	}
+	if cur == "" {
+		return "no coupling layer: the latent's mask multiplies no Concat"
+	}
+	couplings := 0
+	for couplings < 64 {
+		c, ok := producer[cur]
+		if !ok || g.Nodes[c].Op != "Concat" {
+			break
+		}
+		s, ok := producer[g.Nodes[c].In[0]]
+		if !ok || g.Nodes[s].Op != "Split" {
+			return "a coupling layer's Concat does not start with a Split's output"
+		}
+		couplings++
+		cur = g.Nodes[s].In[0]
+		if f, ok := producer[cur]; ok && g.Nodes[f].Op == "Slice" {
+			cur = g.Nodes[f].In[0] // the flip ahead of the coupling layer
+		}
+	}
+	if couplings == 0 || couplings == 64 {
+		return fmt.Sprintf("%d coupling layers", couplings)
+	}
+	flow, inputs := g.ancestors(producer, []string{latent}, cur, mask)
+	for in := range inputs {
+		if in != "sid" {
+			return fmt.Sprintf("the flow needs graph input %q besides z_p and the mask", in)
+		}
+	}
+	o, reason := g.reach(producer, flow, []string{cur, mask}, latent)
+	if reason != "" {
+		return reason
+	}
+	if o.rate != 1 {
+		return fmt.Sprintf("the flow gives %g latent frames a frame", o.rate)
+	}
+	sp.flowIn, sp.flowMask, sp.flowSID = cur, mask, inputs["sid"]
+	sp.flowLeft, sp.flowRight = int(math.Ceil(o.left)), int(math.Ceil(o.right))
+	sp.flow = g.subgraph(flow, inputs,
+		[][]byte{onnxedit.ValueInfo(cur, ort.ONNXFloat, 3), onnxedit.ValueInfo(mask, ort.ONNXFloat, 3)},
+		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil)
+	return ""
 }
 
 // decoderInput finds HiFi-GAN's input by structure: the first transposed convolution (the one no
@@ -110,7 +200,7 @@ func (g splitGraph) decoderInput(producer map[string]int) (string, string) {
 		if n.Op != "ConvTranspose" {
 			continue
 		}
-		upstream, _ := g.ancestors(producer, n.In[:1], "")
+		upstream, _ := g.ancestors(producer, n.In[:1])
 		has := false
 		for j := range upstream {
 			if j != i && g.Nodes[j].Op == "ConvTranspose" {
@@ -174,15 +264,15 @@ func (g splitGraph) dependsOn(in string) map[string]bool {
 	return dep
 }
 
-// ancestors returns the nodes that compute outs, not looking past stop (a tensor that becomes a
-// graph input), and the graph inputs they read.
-func (g splitGraph) ancestors(producer map[string]int, outs []string, stop string) (map[int]bool, map[string]bool) {
+// ancestors returns the nodes that compute outs, not looking past stops (tensors that become graph
+// inputs), and the graph inputs they read.
+func (g splitGraph) ancestors(producer map[string]int, outs []string, stops ...string) (map[int]bool, map[string]bool) {
 	nodes, inputs := map[int]bool{}, map[string]bool{}
 	stack := append([]string(nil), outs...)
 	for len(stack) > 0 {
 		t := stack[len(stack)-1]
 		stack = stack[:len(stack)-1]
-		if t == stop || t == "" {
+		if t == "" || slices.Contains(stops, t) {
 			continue
 		}
 		if g.Inputs[t] {
@@ -199,28 +289,37 @@ func (g splitGraph) ancestors(producer map[string]int, outs []string, stop strin
 	return nodes, inputs
 }
 
-// reach computes the decoder's receptive field in latent frames and its hop, following every
-// tensor computed from the latent: a convolution of kernel k, dilation d and pads (pl, pr) at r
-// steps per frame reaches pl/r frames back and ((k-1)·d-pl)/r ahead; a transposed one of stride s
-// reaches ((k-1)·d-pl)/(s·r) back and pl/(s·r) ahead, plus one input step each way for rounding;
-// elementwise ops take the widest of their inputs. Any other op on the latent's path refuses the
-// split.
-func (g splitGraph) reach(dec map[int]bool, latent string, sp *piperSplit) string {
-	type span struct{ rate, left, right float64 }
-	at := map[string]span{latent: {rate: 1}}
+// frameSpan is where a tensor stands in time against the frames reach starts from: rate steps a
+// frame, each step depending on frames left back to right ahead.
+type frameSpan struct{ rate, left, right float64 }
+
+// reach computes the receptive field, in frames of the from tensors, of tensor to over nodes, and
+// its rate, following every tensor computed from them: a convolution of kernel k, dilation d and
+// pads (pl, pr) at r steps per frame reaches pl/r frames back and ((k-1)·d-pl)/r ahead; a
+// transposed one of stride s reaches ((k-1)·d-pl)/(s·r) back and pl/(s·r) ahead, plus one input
+// step each way for rounding; elementwise ops, and Split, Concat and Slice along the channels,
+// take the widest of their inputs; Shape gives a shape, which only ConstantOfShape may read (zeros
+// like the tensor). Any other op on the path refuses the split.
+func (g splitGraph) reach(producer map[string]int, nodes map[int]bool, from []string, to string) (frameSpan, string) {
+	at := map[string]frameSpan{}
+	for _, f := range from {
+		at[f] = frameSpan{rate: 1}
+	}
+	shapes := map[string]bool{} // tensors computed from a Shape of the path's tensors
 	for i, n := range g.Nodes {
-		if !dec[i] {
+		if !nodes[i] {
 			continue
 		}
-		var in span
-		found := false
+		var in frameSpan
+		found, shaped := false, false
 		for _, x := range n.In {
+			shaped = shaped || shapes[x]
 			s, ok := at[x]
 			if !ok {
 				continue
 			}
 			if found && s.rate != in.rate {
-				return fmt.Sprintf("%s node joins tensors at %g and %g steps a frame", n.Op, in.rate, s.rate)
+				return in, fmt.Sprintf("%s node joins tensors at %g and %g steps a frame", n.Op, in.rate, s.rate)
 			}
 			if !found {
 				in = s
@@ -228,17 +327,25 @@ func (g splitGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 			in.left, in.right = max(in.left, s.left), max(in.right, s.right)
 			found = true
 		}
-		if !found {
-			continue // the speaker's conditioning, or a constant
+		switch {
+		case shaped && found:
+			return in, fmt.Sprintf("%s node reads a shape and the frames", n.Op)
+		case shaped && n.Op != "ConstantOfShape":
+			for _, o := range n.Out {
+				shapes[o] = true
+			}
+			continue
+		case !found:
+			continue // the speaker's conditioning, a constant, or zeros shaped like a tensor
 		}
 		out := in
 		switch n.Op {
 		case "Conv", "ConvTranspose":
 			if _, ok := at[n.In[0]]; !ok {
-				return fmt.Sprintf("%s node's weights depend on the latent", n.Op)
+				return in, fmt.Sprintf("%s node's weights depend on the latent", n.Op)
 			}
 			if a := n.Attrs["auto_pad"].S; a != "" && a != "NOTSET" {
-				return fmt.Sprintf("%s node has auto_pad %s", n.Op, a)
+				return in, fmt.Sprintf("%s node has auto_pad %s", n.Op, a)
 			}
 			k := n.Attrs["kernel_shape"].Ints
 			if len(k) == 0 && len(n.In) > 1 && len(g.Dims[n.In[1]]) > 2 {
@@ -246,7 +353,7 @@ func (g splitGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 			}
 			pads, strides, dil := n.Attrs["pads"].Ints, n.Attrs["strides"].Ints, n.Attrs["dilations"].Ints
 			if len(k) != 1 || len(pads) > 2 || len(strides) > 1 || len(dil) > 1 {
-				return fmt.Sprintf("%s node is not a 1-D convolution (kernel %v)", n.Op, k)
+				return in, fmt.Sprintf("%s node is not a 1-D convolution (kernel %v)", n.Op, k)
 			}
 			d, s, pl := int64(1), int64(1), int64(0)
 			if len(dil) == 1 {
@@ -268,25 +375,65 @@ func (g splitGraph) reach(dec map[int]bool, latent string, sp *piperSplit) strin
 				out.left += (width-float64(pl))/out.rate + 1/in.rate
 				out.right += float64(pl)/out.rate + 1/in.rate
 			}
+		case "Shape":
+			shapes[n.Out[0]] = true
+			continue
+		case "Split", "Concat":
+			a, ok := n.Attrs["axis"]
+			if !ok || !channelAxis(a.I) {
+				return in, fmt.Sprintf("%s node not along the channels", n.Op)
+			}
+			if n.Op == "Split" && len(n.In) > 1 {
+				if _, ok := at[n.In[1]]; ok {
+					return in, "Split node's sizes depend on the latent"
+				}
+			}
+		case "Slice":
+			if _, ok := at[n.In[0]]; !ok || len(n.In) < 4 {
+				return in, "Slice node without axes, or of a tensor not on the path"
+			}
+			for _, x := range n.In[1:] {
+				if _, ok := at[x]; ok {
+					return in, "Slice node's bounds depend on the latent"
+				}
+			}
+			axes, ok := g.constant(producer, n.In[3])
+			if !ok || len(axes) == 0 {
+				return in, "Slice node's axes are not a constant"
+			}
+			for _, a := range axes {
+				if !channelAxis(a) {
+					return in, fmt.Sprintf("Slice node along axis %d", a)
+				}
+			}
 		default:
 			if !piperLocalOps[n.Op] {
-				return fmt.Sprintf("the decoder has a %s node on the latent's path", n.Op)
+				return in, fmt.Sprintf("a %s node on the path from %s", n.Op, from[0])
 			}
 		}
 		for _, o := range n.Out {
 			at[o] = out
 		}
 	}
-	o, ok := at["output"]
+	o, ok := at[to]
 	if !ok {
-		return "the output is not computed from the latent"
+		return o, fmt.Sprintf("%s is not computed from %s", to, from[0])
 	}
-	if o.rate < 1 || o.rate != math.Trunc(o.rate) {
-		return fmt.Sprintf("the decoder gives %g samples a frame", o.rate)
+	return o, ""
+}
+
+// constant returns the values of tensor name when it is a small int64 initializer or a Constant
+// node makes it as int64s.
+func (g splitGraph) constant(producer map[string]int, name string) ([]int64, bool) {
+	if v, ok := g.Int64s[name]; ok {
+		return v, true
 	}
-	sp.hop = int(o.rate)
-	sp.left, sp.right = int(math.Ceil(o.left)), int(math.Ceil(o.right))
-	return ""
+	p, ok := producer[name]
+	if !ok || g.Nodes[p].Op != "Constant" {
+		return nil, false
+	}
+	v := g.Nodes[p].Attrs["value"].Int64s
+	return v, v != nil
 }
 
 // subgraph re-encodes the graph with only the nodes in keep, the initializers they read, the
