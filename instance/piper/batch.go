@@ -74,7 +74,9 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	o.Float16 = e.Precision == Float16
 	o.CPUFront = e.Front == FrontCPU
 	o.AutoFront = e.Front == FrontAuto
-	o.ChunkFlow = e.Flow == FlowChunks
+	// The flow runs in chunks by default where it measured faster to first audio (the CPU
+	// provider, docs/piper.md "The flow in chunks"); on CUDA it is not measured yet.
+	o.ChunkFlow = o.Chunks && (e.Flow == FlowChunks || e.Flow == "" && cfg.Provider != "cuda")
 	o.FrontThreads = e.IntraOpThreads
 	if (o.CPUFront || o.AutoFront) && cfg.Provider == "cuda" && o.FrontThreads == 0 {
 		o.FrontThreads = cpuFrontThreads(runtime.NumCPU())
@@ -104,6 +106,7 @@ type piperJob struct {
 	speed  float32          // divides the row's durations where the graph takes piperSpeedInput
 	done   chan piperResult // buffered: a worker never waits for a request that left
 	parts  *piperParts      // a chunked session's audio, part by part, instead of done
+	first  bool             // the request's first sentence, whose first chunk is its first audio
 }
 
 type piperResult struct {

@@ -187,11 +187,26 @@ func (c *piperChunker) frontFor(rows int) (*onnxrt.DynamicAdvancedSession, func(
 	return c.front, func() {}
 }
 
-// latent is one sentence's front output: channels × frames, frame-minor.
+// latent is one sentence's front output: channels × frames, frame-minor; the latent itself, or
+// with the flow in chunks its input z_p, whose latent lat holds frames [0, done) of so far. With
+// first set (a request's first sentence), the flow runs for the first chunk's frames before the
+// rest (runFlow).
 type latent struct {
 	z        []float32
 	channels int
 	frames   int
+	lat      []float32
+	done     int
+	first    bool
+}
+
+// decoderInput is the latent's frames [lo, hi) of channel k, which runFlow has computed when the
+// flow runs in chunks.
+func (l *latent) decoderInput(k, lo, hi int) []float32 {
+	if l.lat != nil {
+		return l.lat[k*l.frames+lo : k*l.frames+hi]
+	}
+	return l.z[k*l.frames+lo : k*l.frames+hi]
 }
 
 // runFront runs rows of ids through the front graph, at speeds (nil where the front does not take
@@ -257,16 +272,13 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 	in := make([]float32, b*ch*w)
 	sids := make([]int64, b)
 	if c.flow != nil {
-		if err := c.runFlow(f, ws, in, w); err != nil {
+		if err := c.runFlow(f, ws); err != nil {
 			return nil, err
 		}
 	}
 	for r, x := range ws {
-		n := x.l.frames
-		if c.flow == nil {
-			for k := range ch {
-				copy(in[(r*ch+k)*w:], x.l.z[k*n+x.lo:k*n+x.hi])
-			}
+		for k := range ch {
+			copy(in[(r*ch+k)*w:], x.l.decoderInput(k, x.lo, x.hi))
 		}
 		sids[r] = x.sid
 	}
@@ -306,24 +318,42 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 	return out, nil
 }
 
-// runFlow turns windows of z_p (the front's output with the flow in chunks) into the decoder's
-// latent: one flow run over each window widened by the flow's receptive field as far as its
-// sentence reaches, rows padded at the end with zero frames that the mask marks as past the row
-// (the flow masks every layer, so they act as the whole run's zero padding at the sentence's
-// end). Row r's latent frames [lo, hi) go to in[r] as the decoder's input, w frames a row.
-func (c *piperChunker) runFlow(f *piperFile, ws []window, in []float32, w int) error {
-	b, ch := len(ws), ws[0].l.channels
-	los, fw := make([]int, b), 0
-	for r, x := range ws {
-		los[r] = max(0, x.lo-c.split.flowLeft)
-		fw = max(fw, min(x.l.frames, x.hi+c.split.flowRight)-los[r])
+// runFlow computes, with the flow in chunks, the latent frames the windows need that their
+// sentences do not have yet: for the first window of a request's first sentence its frames alone,
+// so that the request's first audio waits only for them, and then every frame left; for any
+// other sentence all its frames at once, since its audio is not the first to leave. So the flow's
+// context (flowLeft + flowRight frames computed twice) is paid once a request. One flow run covers the rows that need frames, each over its frames
+// widened by the flow's receptive field as far as its sentence reaches, rows padded at the end
+// with zero frames that the mask marks as past the row (the flow masks every layer, so they act
+// as the whole run's zero padding at the sentence's end).
+func (c *piperChunker) runFlow(f *piperFile, ws []window) error {
+	var rows []window
+	var los, tos []int
+	fw := 0
+	for _, x := range ws {
+		l := x.l
+		if x.hi <= l.done {
+			continue
+		}
+		to := l.frames
+		if l.done == 0 && l.first {
+			to = x.hi
+		}
+		lo := max(0, l.done-c.split.flowLeft)
+		fw = max(fw, min(l.frames, to+c.split.flowRight)-lo)
+		rows, los, tos = append(rows, x), append(los, lo), append(tos, to)
 	}
+	if len(rows) == 0 {
+		return nil
+	}
+	b, ch := len(rows), rows[0].l.channels
 	zp := make([]float32, b*ch*fw)
 	mask := make([]float32, b*fw)
-	for r, x := range ws {
-		n, hi := x.l.frames, min(x.l.frames, x.hi+c.split.flowRight)
+	for r, x := range rows {
+		l := x.l
+		hi := min(l.frames, tos[r]+c.split.flowRight)
 		for k := range ch {
-			copy(zp[(r*ch+k)*fw:], x.l.z[k*n+los[r]:k*n+hi])
+			copy(zp[(r*ch+k)*fw:], l.z[k*l.frames+los[r]:k*l.frames+hi])
 		}
 		for t := range hi - los[r] {
 			mask[r*fw+t] = 1
@@ -343,7 +373,7 @@ func (c *piperChunker) runFlow(f *piperFile, ws []window, in []float32, w int) e
 	}
 	if c.split.flowSID {
 		sids := make([]int64, b)
-		for r, x := range ws {
+		for r, x := range rows {
 			sids[r] = x.sid
 		}
 		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
@@ -364,11 +394,16 @@ func (c *piperChunker) runFlow(f *piperFile, ws []window, in []float32, w int) e
 	if len(z) != b*ch*fw {
 		return fmt.Errorf("piper voice %s: the flow gave %d values for %d rows of %d channels and %d frames", f.Stem, len(z), b, ch, fw)
 	}
-	for r, x := range ws {
-		at := x.lo - los[r]
-		for k := range ch {
-			copy(in[(r*ch+k)*w:(r*ch+k)*w+x.hi-x.lo], z[(r*ch+k)*fw+at:])
+	for r, x := range rows {
+		l := x.l
+		if l.lat == nil {
+			l.lat = make([]float32, ch*l.frames)
 		}
+		at := l.done - los[r]
+		for k := range ch {
+			copy(l.lat[k*l.frames+l.done:k*l.frames+tos[r]], z[(r*ch+k)*fw+at:])
+		}
+		l.done = tos[r]
 	}
 	return nil
 }
@@ -409,6 +444,9 @@ func (s *piperSession) runChunks(live []*piperJob) {
 			s.answer(j, piperResult{err: err})
 		}
 		return
+	}
+	for i, j := range live {
+		ls[i].first = j.first
 	}
 	at := make([]int, len(live)) // each row's next frame
 	for size := c.first; ; size = min(2*size, c.most) {
@@ -557,7 +595,7 @@ func (p *piperParts) take() []piperPart {
 
 // stream queues one sentence of request q and calls each with its audio part by part, as the
 // parts are done: one part for a session that runs whole sentences.
-func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scales [3]float32, speed float32, sid int64, each func(piperPart) error) error {
+func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scales [3]float32, speed float32, sid int64, first bool, each func(piperPart) error) error {
 	if s.chunks == nil {
 		pcm, err := s.synthesize(ctx, q, ids, scales, speed, sid)
 		if err != nil {
@@ -565,7 +603,7 @@ func (s *piperSession) stream(ctx context.Context, q *request, ids []int64, scal
 		}
 		return each(piperPart{pcm: pcm, to: 1, total: 1, last: true})
 	}
-	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, speed: speed, parts: newPiperParts()}
+	j := &piperJob{ctx: ctx, req: q, queued: time.Now(), ids: ids, sid: sid, scales: scales, speed: speed, first: first, parts: newPiperParts()}
 	s.r.hold(q)
 	select {
 	case s.jobs <- j:
@@ -619,7 +657,7 @@ func (o *sentenceOut) speak(ctx context.Context, q *request, sess *piperSession,
 	if sess.chunks != nil {
 		peak = max(peak, sess.chunks.peak)
 	}
-	return sess.stream(ctx, q, s.IDs, scales, speed, sid, func(p piperPart) error {
+	return sess.stream(ctx, q, s.IDs, scales, speed, sid, i == 0, func(p piperPart) error {
 		pcm := p.pcm
 		if sess.chunks == nil {
 			normalizePeak(pcm)

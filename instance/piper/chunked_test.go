@@ -94,9 +94,13 @@ func chunkRunner(t *testing.T, path string, o Options) (*Runner, *piperSession) 
 	return r, s
 }
 
-// decodeChunks decodes l in the runner's chunk sizes with left and right frames of context.
+// decodeChunks decodes l in the runner's chunk sizes with left and right frames of context (with
+// the flow in chunks, the flow run afresh).
 func decodeChunks(t *testing.T, c *piperChunker, f *piperFile, l *latent, sid int64, left, right int) []float32 {
 	t.Helper()
+	fresh := *l
+	fresh.lat, fresh.done, fresh.first = nil, 0, true
+	l = &fresh
 	var out []float32
 	for at, size := 0, c.first; at < l.frames; size = min(2*size, c.most) {
 		to := min(at+size, l.frames)
@@ -121,7 +125,7 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 		path string
 		sid  int64
 		flow Flow
-	}{{tinyVITSEN, 0, ""}, {tinyVITSMulti, 1, ""}, {reference(t).voice, 0, ""}, {reference(t).voice, 0, FlowChunks}} {
+	}{{tinyVITSEN, 0, FlowFront}, {tinyVITSMulti, 1, FlowFront}, {reference(t).voice, 0, FlowFront}, {reference(t).voice, 0, FlowChunks}} {
 		for _, sizes := range [][2]int{{12, 96}, {4, 4}} {
 			_, s := chunkRunner(t, c.path, Options{FirstChunk: sizes[0], Chunk: sizes[1], Flow: c.flow})
 			_, whole := chunkRunner(t, c.path, Options{Decode: DecodeSentences})
@@ -218,6 +222,41 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 	}
 }
 
+// Through Synthesize, jenny with the flow in chunks speaks as with the flow in the front: the same
+// chunks, equal within chunkTolerance after the gain, for a request of several sentences (the
+// first one's flow run in two parts, the others' at once).
+func TestPiperFlowChunksSynthesize(t *testing.T) {
+	text := "The weather is nice today, so we will walk to the park. What? No! It is raining again."
+	var got [2][]tts.Chunk
+	for i, flow := range []Flow{FlowFront, FlowChunks} {
+		r, s := chunkRunner(t, reference(t).voice, Options{Flow: flow})
+		if (s.chunks.flow != nil) != (flow == FlowChunks) {
+			t.Fatalf("piper_flow %s: flow session %v", flow, s.chunks.flow != nil)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		err := r.Synthesize(ctx, tts.Request{Text: text}, func(c tts.Chunk) error {
+			got[i] = append(got[i], c)
+			return nil
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("piper_flow %s: %v", flow, err)
+		}
+	}
+	if len(got[0]) != len(got[1]) || len(got[0]) < 5 {
+		t.Fatalf("%d chunks with the flow in the front, %d in chunks", len(got[0]), len(got[1]))
+	}
+	for k := range got[0] {
+		a, b := got[0][k], got[1][k]
+		if len(a.PCM) != len(b.PCM) || *a.Text != *b.Text {
+			t.Fatalf("chunk %d: %d samples for %+v in the front, %d for %+v in chunks", k, len(a.PCM), *a.Text, len(b.PCM), *b.Text)
+		}
+		if d := piperMaxDiff(a.PCM, b.PCM); d > chunkTolerance {
+			t.Errorf("chunk %d: differs by %g", k, d)
+		}
+	}
+}
+
 // Through Synthesize a chunked sentence arrives in several chunks, the first after its first
 // chunk's frames, each no louder than full scale, with spans that follow each other and end at
 // each sentence's end; the audio, joined, is the whole run's, at one gain per sentence.
@@ -276,11 +315,20 @@ func TestPiperChunkedSynthesize(t *testing.T) {
 
 func TestPiperChunkOptions(t *testing.T) {
 	o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu"}, Options{})
-	if !o.Chunks || o.FirstChunk != piperFirstChunk || o.Chunk != piperChunk {
+	if !o.Chunks || o.FirstChunk != piperFirstChunk || o.Chunk != piperChunk || !o.ChunkFlow {
 		t.Fatalf("defaults %+v", o)
 	}
+	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{}); o.ChunkFlow {
+		t.Fatalf("CUDA's defaults %+v: the flow in chunks", o)
+	}
+	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cpu"}, Options{Flow: FlowFront}); o.ChunkFlow {
+		t.Fatalf("piper_flow front: %+v", o)
+	}
+	if o := piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Flow: FlowChunks}); !o.ChunkFlow {
+		t.Fatalf("piper_flow chunks on CUDA: %+v", o)
+	}
 	o = piperOptionsFrom(tts.LoadConfig{Provider: "cuda"}, Options{Decode: DecodeSentences, FirstChunk: 300})
-	if o.Chunks || o.FirstChunk != 300 || o.Chunk != 300 {
+	if o.Chunks || o.FirstChunk != 300 || o.Chunk != 300 || o.ChunkFlow {
 		t.Fatalf("sentences, first chunk above the default most: %+v", o)
 	}
 	got, err := Family{}.ParseOptions(tts.EngineSection(`{"piper_decode": "sentences", "piper_first_chunk": 8, "piper_chunk": 64}`))
@@ -292,6 +340,7 @@ func TestPiperChunkOptions(t *testing.T) {
 		`{"piper_first_chunk": 0.5}`:  "engine.piper_first_chunk: 0.5 is not a whole number",
 		`{"piper_first_chunk": 2000}`: "engine.piper_first_chunk: 2000 is not a number from 1 to 1024",
 		`{"piper_chunk": -1}`:         "engine.piper_chunk: -1 is not a number from 1 to 4096",
+		`{"piper_flow": "decoder"}`:   `engine.piper_flow: "decoder" is not one of [front chunks]`,
 	} {
 		if _, err := (Family{}).ParseOptions(tts.EngineSection(section)); err == nil || err.Error() != want {
 			t.Errorf("%s: %v, want %s", section, err, want)

@@ -46,12 +46,13 @@ type Options struct {
 	// provider: the CPU's first audio for a few streams, the GPU's throughput for many.
 	Front Front `json:"piper_front"`
 	// Flow is where a chunked voice's flow (VITS's coupling layers, from z_p to the latent) runs:
-	// "front" (the default) in the front graph, over each sentence's frames before its first chunk;
-	// "chunks" cut out of the front as a graph of its own, run on the group's provider over each
-	// chunk's frames with the flow's receptive field on each side, so the first chunk waits only
-	// for the text encoder and duration predictor (docs/piper.md, "The flow in chunks"). A voice
-	// whose flow lacks VITS's structure keeps it in the front, with the reason logged. chunks
-	// needs piper_decode chunks.
+	// "front" in the front graph, over each sentence's frames before its first chunk; "chunks" cut
+	// out of the front as a graph of its own on the group's provider, run for a request's first
+	// chunk's frames (with the flow's receptive field on each side) and then for the rest, so that
+	// first audio waits only for the text encoder and duration predictor (docs/piper.md, "The
+	// flow in chunks"). A voice whose flow lacks VITS's structure keeps it in the front, with the
+	// reason logged. chunks needs piper_decode chunks. Default: chunks on the CPU provider, front
+	// on CUDA (not measured there yet).
 	Flow Flow `json:"piper_flow"`
 }
 
