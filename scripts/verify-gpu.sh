@@ -124,12 +124,15 @@ gputests() {
 # $LOGS/piperfirst-float16. PIPER_FRONT=cpu serves the chunked side with piper_front: cpu (the
 # front graph on ONNX Runtime's CPU provider, the decoder on the GPU; FRONT_THREADS=N sets the
 # group's intra_op_num_threads, the front's threads), its reports in $LOGS/piperfirst-frontcpu
-# ($LOGS/piperfirst-frontcpu-N with FRONT_THREADS; -float16-frontcpu with both).
+# ($LOGS/piperfirst-frontcpu-N with FRONT_THREADS; -float16-frontcpu with both). PIPER_FLOW=chunks
+# (or front) sets the chunked side's piper_flow, its reports in $LOGS/piperfirst-flowchunks (with
+# the others' suffixes before it); unset, the provider's default.
 piperfirst() (
   provider=${PROVIDER:-cuda} precision=${PIPER_PRECISION:-float32} front=${PIPER_FRONT:-gpu} out=$logs/piperfirst
   [ "$precision" = float32 ] || out=$out-$precision
   [ "$front" = gpu ] || out=$out-front$front${FRONT_THREADS:+-$FRONT_THREADS}
-  engine="piper_precision: $precision, piper_front: $front${FRONT_THREADS:+, intra_op_num_threads: $FRONT_THREADS}"
+  [ -z "${PIPER_FLOW:-}" ] || out=$out-flow$PIPER_FLOW
+  engine="piper_precision: $precision, piper_front: $front${FRONT_THREADS:+, intra_op_num_threads: $FRONT_THREADS}${PIPER_FLOW:+, piper_flow: $PIPER_FLOW}"
   voice=${JENNY:-$repo/models/voices/en_GB-jenny_dioco-medium.onnx}
   name=$(basename "$voice" .onnx)
   rm -rf "$out" && mkdir -p "$out/voices" || exit 1
@@ -158,7 +161,7 @@ YAML
   "$bin" serve --config "$out/sentences.yaml" > "$out/serve-sentences.log" 2>&1 & pids+=($!)
   wait_ready http://127.0.0.1:8092 300 "${pids[0]}" || { echo "chunked: not ready"; tail -20 "$out/serve-chunked.log"; exit 1; }
   wait_ready http://127.0.0.1:8093 300 "${pids[1]}" || { echo "sentences: not ready"; tail -20 "$out/serve-sentences.log"; exit 1; }
-  label="$name on $device, provider $provider, chunked decoder in $precision, front on $front${FRONT_THREADS:+ with intra_op_num_threads $FRONT_THREADS}, voxmux $("$bin" version | cut -d' ' -f2)"
+  label="$name on $device, provider $provider, chunked decoder in $precision, front on $front${FRONT_THREADS:+ with intra_op_num_threads $FRONT_THREADS}${PIPER_FLOW:+, flow in the $PIPER_FLOW}, voxmux $("$bin" version | cut -d' ' -f2)"
   "$bin" bench --url http://127.0.0.1:8092 --name chunked --compare http://127.0.0.1:8093 --compare-name sentences \
     --concurrency 1 --compare-concurrency 1 --requests-per-level "${N:-24}" --warmup 4 --format wav --quiet \
     --label "$label: first audio, one request at a time" --out "$out/ttfb" || exit 1
