@@ -44,7 +44,10 @@ type piperChunker struct {
 	cpuBusy *atomic.Bool
 	// flow is the flow's session on the group's provider when it runs over chunks (piper_flow
 	// chunks; nil: the front holds the flow, and its output is the latent).
-	flow        *onnxrt.DynamicAdvancedSession
+	flow *onnxrt.DynamicAdvancedSession
+	// frontWhole, with flow, is the front with the flow in it (on front's provider), which a
+	// front batch with no request's first sentence runs: their flow gains nothing in chunks.
+	frontWhole  *onnxrt.DynamicAdvancedSession
 	first, most int // chunk frames: the first chunk's, and the most of a later one's
 	// peak is the raw peak of the voice's calibration sentence: a sentence's gain is fixed before
 	// its first chunk leaves, so it starts from this rather than from the sentence's own peak.
@@ -73,25 +76,38 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		sp.front = g
 		in = append(slices.Clip(in), piperSpeedInput)
 	}
+	if sp.frontWhole != nil {
+		// The same edit, which finds the same nodes in the front with the flow.
+		if sp.frontWhole, err = piperWithSpeed(sp.frontWhole); err != nil || (sp.frontWhole != nil) != speed {
+			return nil, "", fmt.Errorf("piper voice %s: front with the flow: speed edit %v: %w", f.Path, sp.frontWhole != nil, err)
+		}
+	}
 	frontOut := []string{sp.latent, piperLengthOutput}
 	if sp.flow != nil {
 		frontOut[0] = sp.flowIn
 	}
-	var front, cpu *onnxrt.DynamicAdvancedSession
+	var front, cpu, whole *onnxrt.DynamicAdvancedSession
 	if r.opts.AutoFront {
 		if cpu, err = r.rt.CPUSessionFromData(r.opts.FrontThreads, "piper-front-cpu", sp.front, in, frontOut); err != nil {
 			return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 		}
 	}
-	if r.opts.CPUFront {
-		// Host tensors in and out either way: the latent goes to the decoder's device as every
-		// decoder input does.
-		front, err = r.rt.CPUSessionFromData(r.opts.FrontThreads, "piper-front", sp.front, in, frontOut)
-		if err == nil && r.rt.CUDA() {
-			slog.Info("piper voice's front runs on the CPU provider, its decoder on CUDA", "voice", f.Stem, "intra_op_threads", r.opts.FrontThreads)
+	// Host tensors in and out either way: the latent goes to the decoder's device as every
+	// decoder input does.
+	loadFront := func(name string, graph []byte, out []string) (*onnxrt.DynamicAdvancedSession, error) {
+		if r.opts.CPUFront {
+			return r.rt.CPUSessionFromData(r.opts.FrontThreads, name, graph, in, out)
 		}
-	} else {
-		front, err = r.rt.SessionFromData("piper-front", sp.front, in, frontOut)
+		return r.rt.SessionFromData(name, graph, in, out)
+	}
+	front, err = loadFront("piper-front", sp.front, frontOut)
+	if err == nil && r.opts.CPUFront && r.rt.CUDA() {
+		slog.Info("piper voice's front runs on the CPU provider, its decoder on CUDA", "voice", f.Stem, "intra_op_threads", r.opts.FrontThreads)
+	}
+	if err == nil && sp.frontWhole != nil {
+		if whole, err = loadFront("piper-front-whole", sp.frontWhole, []string{sp.latent, piperLengthOutput}); err != nil {
+			front.Destroy()
+		}
 	}
 	if err != nil {
 		if cpu != nil {
@@ -107,7 +123,7 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 	if r.opts.Float16 {
 		g, st, err := decoderFloat16(sp.decoder)
 		if err != nil {
-			destroyFronts(front, cpu)
+			destroyFronts(front, cpu, whole)
 			return nil, "", fmt.Errorf("piper voice %s: piper_precision float16: %w", f.Path, err)
 		}
 		if st.Saturated > 0 {
@@ -123,7 +139,7 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 	}
 	dec, err := r.rt.SessionFromDataWith(decCUDA, "piper-decoder", sp.decoder, decIn, []string{"output"})
 	if err != nil {
-		destroyFronts(front, cpu)
+		destroyFronts(front, cpu, whole)
 		return nil, "", fmt.Errorf("piper voice: load %s: %w", f.Path, err)
 	}
 	var flow *onnxrt.DynamicAdvancedSession
@@ -133,13 +149,13 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 			flowIn = append(flowIn, "sid")
 		}
 		if flow, err = r.rt.SessionFromData("piper-flow", sp.flow, flowIn, []string{sp.latent}); err != nil {
-			destroyFronts(front, cpu)
+			destroyFronts(front, cpu, whole)
 			dec.Destroy()
 			return nil, "", fmt.Errorf("piper voice: load %s: flow: %w", f.Path, err)
 		}
 	}
-	sp.front, sp.decoder, sp.flow = nil, nil, nil // the sessions hold their own copies
-	c := &piperChunker{front: front, cpu: cpu, cpuBusy: new(atomic.Bool), dec: dec, flow: flow, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
+	sp.front, sp.decoder, sp.flow, sp.frontWhole = nil, nil, nil, nil // the sessions hold their own copies
+	c := &piperChunker{front: front, cpu: cpu, cpuBusy: new(atomic.Bool), dec: dec, flow: flow, frontWhole: whole, split: sp, speed: speed, cpuFront: r.opts.CPUFront, first: r.opts.FirstChunk, most: r.opts.Chunk, peak: 1}
 	sents, err := f.sentences(r.ph, calibrationText)
 	if err == nil && len(sents) > 0 {
 		var pcm []float32
@@ -159,15 +175,17 @@ func (c *piperChunker) close() error {
 		err = errors.Join(err, c.cpu.Destroy())
 	}
 	if c.flow != nil {
-		err = errors.Join(err, c.flow.Destroy())
+		err = errors.Join(err, c.flow.Destroy(), c.frontWhole.Destroy())
 	}
 	return err
 }
 
-func destroyFronts(front, cpu *onnxrt.DynamicAdvancedSession) {
+func destroyFronts(front *onnxrt.DynamicAdvancedSession, others ...*onnxrt.DynamicAdvancedSession) {
 	front.Destroy()
-	if cpu != nil {
-		cpu.Destroy()
+	for _, s := range others {
+		if s != nil {
+			s.Destroy()
+		}
 	}
 }
 
@@ -210,15 +228,42 @@ func (l *latent) decoderInput(k, lo, hi int) []float32 {
 }
 
 // runFront runs rows of ids through the front graph, at speeds (nil where the front does not take
-// piperSpeedInput), and returns each row's latent, cut to its own frames.
+// piperSpeedInput), and returns each row's latent (z_p with the flow in chunks), cut to its own
+// frames.
 func (c *piperChunker) runFront(f *piperFile, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([]latent, error) {
+	return c.runFrontIn(nil, f, rows, sids, speeds, scales)
+}
+
+// runBatchFront is runFront for a batch of which first (a request's first sentence) may be
+// true of no row: then, with the flow in chunks, the front with the flow runs, and the latents
+// come complete.
+func (c *piperChunker) runBatchFront(f *piperFile, rows [][]int64, sids []int64, speeds []float32, scales [3]float32, first []bool) ([]latent, error) {
+	if c.frontWhole == nil || slices.Contains(first, true) {
+		ls, err := c.runFrontIn(nil, f, rows, sids, speeds, scales)
+		for i := range ls {
+			ls[i].first = first[i]
+		}
+		return ls, err
+	}
+	ls, err := c.runFrontIn(c.frontWhole, f, rows, sids, speeds, scales)
+	for i := range ls {
+		ls[i].lat, ls[i].done = ls[i].z, ls[i].frames
+	}
+	return ls, err
+}
+
+// runFrontIn runs the front in session s (nil: frontFor's).
+func (c *piperChunker) runFrontIn(s *onnxrt.DynamicAdvancedSession, f *piperFile, rows [][]int64, sids []int64, speeds []float32, scales [3]float32) ([]latent, error) {
 	vals, err := piperInputs(f, rows, sids, speeds, scales)
 	defer func() { ort.Destroy(vals) }()
 	if err != nil {
 		return nil, err
 	}
 	outs := []onnxrt.Value{nil, nil}
-	s, done := c.frontFor(len(rows))
+	done := func() {}
+	if s == nil {
+		s, done = c.frontFor(len(rows))
+	}
 	err = s.Run(vals, outs)
 	done()
 	defer ort.Destroy(outs)
@@ -437,16 +482,17 @@ func (s *piperSession) runChunks(live []*piperJob) {
 	c := s.chunks
 	t0 := time.Now()
 	rows, sids, speeds := s.rows(live, t0)
-	ls, err := c.runFront(s.file, rows, sids, speeds, live[0].scales)
+	first := make([]bool, len(live))
+	for i, j := range live {
+		first[i] = j.first
+	}
+	ls, err := c.runBatchFront(s.file, rows, sids, speeds, live[0].scales, first)
 	if err != nil {
 		s.r.stats.Count(stageGraph, len(live), t0)
 		for _, j := range live {
 			s.answer(j, piperResult{err: err})
 		}
 		return
-	}
-	for i, j := range live {
-		ls[i].first = j.first
 	}
 	at := make([]int, len(live)) // each row's next frame
 	for size := c.first; ; size = min(2*size, c.most) {

@@ -224,14 +224,39 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 
 // Through Synthesize, jenny with the flow in chunks speaks as with the flow in the front: the same
 // chunks, equal within chunkTolerance after the gain, for a request of several sentences (the
-// first one's flow run in two parts, the others' at once).
+// first one's flow run in two parts, the others' in the front with the flow).
 func TestPiperFlowChunksSynthesize(t *testing.T) {
 	text := "The weather is nice today, so we will walk to the park. What? No! It is raining again."
 	var got [2][]tts.Chunk
 	for i, flow := range []Flow{FlowFront, FlowChunks} {
 		r, s := chunkRunner(t, reference(t).voice, Options{Flow: flow})
-		if (s.chunks.flow != nil) != (flow == FlowChunks) {
-			t.Fatalf("piper_flow %s: flow session %v", flow, s.chunks.flow != nil)
+		if (s.chunks.flow != nil) != (flow == FlowChunks) || (s.chunks.frontWhole != nil) != (flow == FlowChunks) {
+			t.Fatalf("piper_flow %s: flow session %v, front with the flow %v", flow, s.chunks.flow != nil, s.chunks.frontWhole != nil)
+		}
+		if flow == FlowChunks {
+			// A batch of no request's first sentence runs the front with the flow: its latent
+			// comes complete, and equals the flow run over the front's z_p.
+			ch, f := s.chunks, s.file
+			sents, err := f.sentences(testPhonemizer(t), text)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids := [][]int64{sents[0].IDs}
+			whole, err := ch.runBatchFront(f, ids, []int64{0}, atSpeed(s, 1, 1), f.scales, []bool{false})
+			if err != nil {
+				t.Fatal(err)
+			}
+			split, err := ch.runBatchFront(f, ids, []int64{0}, atSpeed(s, 1, 1), f.scales, []bool{true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := &split[0]
+			if err := ch.runFlow(f, []window{{l: l, hi: l.frames, to: l.frames}}); err != nil {
+				t.Fatal(err)
+			}
+			if w := whole[0]; w.done != w.frames || w.frames != l.frames || piperMaxDiff(w.lat, l.lat) > 1e-5 {
+				t.Fatalf("front with the flow: %d of %d frames, %g from the flow run alone", w.done, w.frames, piperMaxDiff(w.lat, l.lat))
+			}
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		err := r.Synthesize(ctx, tts.Request{Text: text}, func(c tts.Chunk) error {

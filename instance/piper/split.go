@@ -43,6 +43,9 @@ type piperSplit struct {
 	flowLeft, flowRight int
 	// flowReason says why the flow stayed in the front when it was asked for.
 	flowReason string
+	// frontWhole, with flow set, is the front with the flow (outputs the latent and the lengths),
+	// for sentences whose first chunk is not their request's first audio.
+	frontWhole []byte
 }
 
 // Decoder ops voxmux knows the reach of in time, besides convolutions: elementwise ones.
@@ -121,10 +124,16 @@ func splitPiper(path string, flow bool) (*piperSplit, string, error) {
 			sp.flow = onnxedit.ReplaceGraph(data, at, end, sp.flow)
 		}
 	}
-	front, frontInputs := g.ancestors(producer, []string{frontOut, lengths})
-	frames := onnxedit.IdentityNode(lengths, piperLengthOutput)
-	sp.front = onnxedit.ReplaceGraph(data, at, end, g.subgraph(front, frontInputs, nil,
-		[][]byte{onnxedit.ValueInfo(frontOut, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
+	frontGraph := func(out string) []byte {
+		nodes, inputs := g.ancestors(producer, []string{out, lengths})
+		frames := onnxedit.IdentityNode(lengths, piperLengthOutput)
+		return onnxedit.ReplaceGraph(data, at, end, g.subgraph(nodes, inputs, nil,
+			[][]byte{onnxedit.ValueInfo(out, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
+	}
+	sp.front = frontGraph(frontOut)
+	if sp.flow != nil {
+		sp.frontWhole = frontGraph(latent)
+	}
 	sp.decoder = onnxedit.ReplaceGraph(data, at, end, g.subgraph(dec, decInputs,
 		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
 	return sp, "", nil
