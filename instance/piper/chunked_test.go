@@ -22,9 +22,9 @@ const (
 const chunkTolerance = 1e-4
 
 // The graph splits at the decoder's input, found by structure, with the decoder's receptive field
-// read from its convolutions, and, asked to, at the flow's input, with the flow's field; a graph
-// without VITS's structure is refused with the reason, a flow without VITS's coupling layers
-// stays in the front with the reason.
+// read from its convolutions, and, asked to, at the flow's input, with the flow's field (its
+// speaker conditioning where the voice has several); a graph without VITS's structure is refused
+// with the reason.
 func TestPiperSplit(t *testing.T) {
 	for _, c := range []struct {
 		path        string
@@ -35,8 +35,8 @@ func TestPiperSplit(t *testing.T) {
 		flowReason          string
 	}{
 		{reference(t).voice, false, 13, 12, 32, 32, ""},
-		{tinyVITSEN, false, 7, 6, 0, 0, "no coupling layer"},
-		{tinyVITSMulti, true, 7, 6, 0, 0, "no coupling layer"},
+		{tinyVITSEN, false, 7, 6, 4, 4, ""},
+		{tinyVITSMulti, true, 7, 6, 4, 4, ""},
 	} {
 		for _, flow := range []bool{false, true} {
 			sp, reason, err := splitPiper(c.path, flow)
@@ -125,7 +125,8 @@ func TestPiperChunksEqualWhole(t *testing.T) {
 		path string
 		sid  int64
 		flow Flow
-	}{{tinyVITSEN, 0, FlowFront}, {tinyVITSMulti, 1, FlowFront}, {reference(t).voice, 0, FlowFront}, {reference(t).voice, 0, FlowChunks}} {
+	}{{tinyVITSEN, 0, FlowFront}, {tinyVITSMulti, 1, FlowFront}, {tinyVITSEN, 0, FlowChunks}, {tinyVITSMulti, 1, FlowChunks},
+		{reference(t).voice, 0, FlowFront}, {reference(t).voice, 0, FlowChunks}} {
 		for _, sizes := range [][2]int{{12, 96}, {4, 4}} {
 			_, s := chunkRunner(t, c.path, Options{FirstChunk: sizes[0], Chunk: sizes[1], Flow: c.flow})
 			_, whole := chunkRunner(t, c.path, Options{Decode: DecodeSentences})

@@ -14,7 +14,10 @@ Unlike make_tiny's voices, these graphs have the structure of Piper's export of 
              embedding (plus a per-speaker offset); y_lengths = Cast(Clip(ReduceSum(w_ceil), 1))
   expansion  the ids' embedding repeated over their frames through the monotonic path
              (CumSum of w_ceil, compared with the frame index), as generate_path does
-  flow       one masked residual convolution (plus a per-speaker offset)
+  flow       two coupling layers run in reverse, each after a flip of the channels, as VITS's
+             ResidualCouplingBlock exports (mean only): x0, x1 = split(x); h = pre(x0) * y_mask;
+             one WaveNet layer (kernel 5, tanh * sigmoid, plus the speaker's conditioning);
+             m = post(h) * y_mask; x = concat(x0, (x1 - m) * y_mask)
   decoder    dec((z * y_mask), g): conv_pre (+ cond(g) for several speakers), LeakyRelu, three
              transposed convolutions (strides 8, 8, 4: 256 samples a frame) with a dilated
              residual convolution, conv_post, Tanh; unsqueezed to [B, 1, 1, samples]
@@ -95,14 +98,41 @@ def build_graph(name, num_speakers, rng):
     y_mask = node("Cast", [node("Less", [frames, yl], ["y_less"])], ["y_mask2"], to=FLOAT)
     y_mask = node("Unsqueeze", [y_mask, ax1], ["y_mask"])  # [B, 1, F]
 
-    # Flow: a masked residual convolution (plus the speaker's offset).
-    h = node("Conv", [node("Mul", [z_p, y_mask], ["flow_in"]), weight("flow.weight", CHANNELS, CHANNELS, 5, scale=0.5),
-                      const("flow.bias", np.zeros(CHANNELS, np.float32))], ["flow_h"], pads=[2, 2], kernel_shape=[5])
-    z = node("Add", [z_p, h], ["z"])
+    # Flow: two coupling layers in reverse, each after a flip of the channels (VITS's
+    # ResidualCouplingBlock, mean only, one WaveNet layer each).
+    half, hidden = CHANNELS // 2, 4
+    flip = [const("flip.start", np.array([-1], np.int64)), const("flip.end", np.array([-(2**63)], np.int64)), ax1,
+            const("flip.step", np.array([-1], np.int64))]
+    split = const("flow.split", np.array([half, half], np.int64))
+    lo, mid, hi = (const(n, np.array([v], np.int64)) for n, v in (("wn.lo", 0), ("wn.mid", hidden), ("wn.hi", 2 * hidden)))
     if multi:
-        g_flow = const("flow.speaker", (rng.standard_normal((num_speakers, CHANNELS)) * 0.3).astype(np.float32))
-        z = node("Add", [z, node("Unsqueeze", [node("Gather", [g_flow, "sid"], ["flow_sid"], axis=0), ax2],
-                                 ["flow_g"])], ["z_g"])
+        flow_emb = const("flow.emb_g", rng.standard_normal((num_speakers, 3)).astype(np.float32))
+        g_flow = node("Unsqueeze", [node("Gather", [flow_emb, "sid"], ["flow_g0"], axis=0), ax2], ["flow_g"])
+    z = z_p
+    for i in range(2):
+        z = node("Slice", [z] + flip, [f"flow{i}_flip"])
+        x0, x1 = f"flow{i}_x0", f"flow{i}_x1"
+        node("Split", [z, split], [x0, x1], axis=1)
+        h = node("Mul", [node("Conv", [x0, weight(f"flow.{i}.pre.weight", hidden, half, 1),
+                                       const(f"flow.{i}.pre.bias", np.zeros(hidden, np.float32))], [f"flow{i}_pre"]),
+                         y_mask], [f"flow{i}_h"])
+        a = node("Conv", [h, weight(f"flow.{i}.in.weight", 2 * hidden, hidden, 5, scale=0.5),
+                          const(f"flow.{i}.in.bias", np.zeros(2 * hidden, np.float32))], [f"flow{i}_in"],
+                 pads=[2, 2], kernel_shape=[5])
+        if multi:
+            cond = node("Conv", [g_flow, weight(f"flow.{i}.cond.weight", 2 * hidden, 3, 1)], [f"flow{i}_cond"])
+            a = node("Add", [a, cond], [f"flow{i}_in_g"])
+        t = node("Tanh", [node("Slice", [a, lo, mid, ax1], [f"flow{i}_a_t"])], [f"flow{i}_t"])
+        sg = node("Sigmoid", [node("Slice", [a, mid, hi, ax1], [f"flow{i}_a_s"])], [f"flow{i}_s"])
+        acts = node("Mul", [t, sg], [f"flow{i}_acts"])
+        h = node("Mul", [node("Conv", [acts, weight(f"flow.{i}.res.weight", hidden, hidden, 1),
+                                       const(f"flow.{i}.res.bias", np.zeros(hidden, np.float32))], [f"flow{i}_res"]),
+                         y_mask], [f"flow{i}_wn"])
+        m = node("Mul", [node("Conv", [h, weight(f"flow.{i}.post.weight", half, hidden, 1, scale=0.5),
+                                       const(f"flow.{i}.post.bias", np.zeros(half, np.float32))], [f"flow{i}_post"]),
+                         y_mask], [f"flow{i}_m"])
+        x1 = node("Mul", [node("Sub", [x1, m], [f"flow{i}_x1m"]), y_mask], [f"flow{i}_x1n"])
+        z = node("Concat", [x0, x1], [f"flow{i}_out"], axis=1)
     z = node("Mul", [z, y_mask], ["z_masked"])  # the decoder's input
 
     # Decoder: HiFi-GAN's shape at a few channels.
