@@ -41,8 +41,8 @@ type piperOptions struct {
 	CPUFront, AutoFront bool
 	FrontThreads        int
 	// ChunkFlow: the flow is cut out of the front and run over each chunk's frames (piper_flow
-	// chunks).
-	ChunkFlow bool
+	// chunks); FlowAsked: the config set it so, rather than the provider's default.
+	ChunkFlow, FlowAsked bool
 }
 
 // Defaults: on CUDA, batches of up to 64 sentences with 2 runs at once (one run's host work
@@ -77,6 +77,7 @@ func piperOptionsFrom(cfg tts.LoadConfig, e Options) piperOptions {
 	// The flow runs in chunks by default where it measured faster to first audio (the CPU
 	// provider, docs/piper.md "The flow in chunks"); on CUDA it is not measured yet.
 	o.ChunkFlow = o.Chunks && (e.Flow == FlowChunks || e.Flow == "" && cfg.Provider != "cuda")
+	o.FlowAsked = e.Flow == FlowChunks
 	o.FrontThreads = e.IntraOpThreads
 	if (o.CPUFront || o.AutoFront) && cfg.Provider == "cuda" && o.FrontThreads == 0 {
 		o.FrontThreads = cpuFrontThreads(runtime.NumCPU())

@@ -65,7 +65,11 @@ func (r *Runner) newPiperChunker(f *piperFile, in []string) (*piperChunker, stri
 		return nil, reason, err
 	}
 	if r.opts.ChunkFlow && sp.flowReason != "" {
-		slog.Warn("piper voice's flow cannot run in chunks; it stays in the front", "voice", f.Stem, "reason", sp.flowReason)
+		level := slog.LevelInfo // the provider's default, which such a voice simply does without
+		if r.opts.FlowAsked {
+			level = slog.LevelWarn
+		}
+		slog.Log(context.Background(), level, "piper voice's flow cannot run in chunks; it stays in the front", "voice", f.Stem, "reason", sp.flowReason)
 	}
 	g, err := piperWithSpeed(sp.front)
 	if err != nil {
