@@ -331,22 +331,17 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 		}
 		sids[r] = x.sid
 	}
-	var vals []onnxrt.Value
-	defer func() { ort.Destroy(vals) }()
-	v, err := onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(w)), in)
-	if err != nil {
+	var vals runInputs
+	defer func() { ort.Destroy(vals.vals) }()
+	vals.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(w)), in))
+	if c.split.decoderSID {
+		vals.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids))
+	}
+	if err := vals.err(); err != nil {
 		return nil, fmt.Errorf("piper decoder input: %w", err)
 	}
-	vals = append(vals, v)
-	if c.split.decoderSID {
-		v, err := onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)
-		if err != nil {
-			return nil, fmt.Errorf("piper decoder input: %w", err)
-		}
-		vals = append(vals, v)
-	}
 	outs := []onnxrt.Value{nil}
-	err = c.dec.Run(vals, outs)
+	err := c.dec.Run(vals.vals, outs)
 	defer ort.Destroy(outs)
 	if err != nil {
 		return nil, piperRunError(f, b, err)
@@ -371,10 +366,11 @@ func (c *piperChunker) decode(f *piperFile, ws []window) ([][]float32, error) {
 // sentences do not have yet: for the first window of a request's first sentence its frames alone,
 // so that the request's first audio waits only for them, and then every frame left; for any
 // other sentence all its frames at once, since its audio is not the first to leave. So the flow's
-// context (flowLeft + flowRight frames computed twice) is paid once a request. One flow run covers the rows that need frames, each over its frames
-// widened by the flow's receptive field as far as its sentence reaches, rows padded at the end
-// with zero frames that the mask marks as past the row (the flow masks every layer, so they act
-// as the whole run's zero padding at the sentence's end).
+// context (flowLeft + flowRight frames computed twice) is paid once a request. One flow run
+// covers the rows that need frames, each over its frames widened by the flow's receptive field as
+// far as its sentence reaches, rows padded at the end with zero frames that the mask marks as past
+// the row (the flow masks every layer, so they act as the whole run's zero padding at the
+// sentence's end).
 func (c *piperChunker) runFlow(f *piperFile, ws []window) error {
 	var rows []window
 	var los, tos []int
@@ -408,30 +404,22 @@ func (c *piperChunker) runFlow(f *piperFile, ws []window) error {
 			mask[r*fw+t] = 1
 		}
 	}
-	var vals []onnxrt.Value
-	defer func() { ort.Destroy(vals) }()
-	add := func(v onnxrt.Value, err error) error {
-		if err == nil {
-			vals = append(vals, v)
-		}
-		return err
-	}
-	errs := []error{
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(fw)), zp)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, int64(fw)), mask)),
-	}
+	var in runInputs
+	defer func() { ort.Destroy(in.vals) }()
+	in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(ch), int64(fw)), zp))
+	in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, int64(fw)), mask))
 	if c.split.flowSID {
 		sids := make([]int64, b)
 		for r, x := range rows {
 			sids[r] = x.sid
 		}
-		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+		in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids))
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := in.err(); err != nil {
 		return fmt.Errorf("piper flow input: %w", err)
 	}
 	outs := []onnxrt.Value{nil}
-	err := c.flow.Run(vals, outs)
+	err := c.flow.Run(in.vals, outs)
 	defer ort.Destroy(outs)
 	if err != nil {
 		return piperRunError(f, b, err)
@@ -582,30 +570,38 @@ func piperInputs(f *piperFile, rows [][]int64, sids []int64, speeds []float32, s
 		copy(ids[i*t:], r)
 		lens[i] = int64(len(r))
 	}
-	var vals []onnxrt.Value
-	add := func(v onnxrt.Value, err error) error {
-		if err != nil {
-			return err
-		}
-		vals = append(vals, v)
-		return nil
-	}
-	errs := []error{
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(t)), ids)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), lens)),
-		add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:])),
-	}
+	var in runInputs
+	in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), int64(t)), ids))
+	in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), lens))
+	in.add(onnxrt.NewTensor(onnxrt.NewShape(3), scales[:]))
 	if f.HasSID {
-		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids)))
+		in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b)), sids))
 	}
 	if speeds != nil {
-		errs = append(errs, add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, 1), speeds)))
+		in.add(onnxrt.NewTensor(onnxrt.NewShape(int64(b), 1, 1), speeds))
 	}
-	if err := errors.Join(errs...); err != nil {
-		return vals, fmt.Errorf("piper inputs: %w", err)
+	if err := in.err(); err != nil {
+		return in.vals, fmt.Errorf("piper inputs: %w", err)
 	}
-	return vals, nil
+	return in.vals, nil
 }
+
+// runInputs collects a run's input tensors as they are made, and the errors of those that could
+// not be; vals are the caller's to destroy either way.
+type runInputs struct {
+	vals []onnxrt.Value
+	errs []error
+}
+
+func (in *runInputs) add(v onnxrt.Value, err error) {
+	if err != nil {
+		in.errs = append(in.errs, err)
+		return
+	}
+	in.vals = append(in.vals, v)
+}
+
+func (in *runInputs) err() error { return errors.Join(in.errs...) }
 
 // piperPart is a part of a sentence's audio: latent frames [from, to) of total (for a sentence run
 // whole: 0, 1, 1), or the error that ended it.

@@ -50,9 +50,10 @@ type Options struct {
 	// out of the front as a graph of its own on the group's provider, run for a request's first
 	// chunk's frames (with the flow's receptive field on each side) and then for the rest, so that
 	// first audio waits only for the text encoder and duration predictor, the request's other
-	// sentences running the front with the flow (docs/piper.md, "The flow in chunks"). A voice whose flow lacks VITS's structure keeps it in the front, with the
-	// reason logged. chunks needs piper_decode chunks. Default: chunks on the CPU provider, front
-	// on CUDA (not measured there yet).
+	// sentences running the front with the flow (docs/piper.md, "The flow in chunks"). A voice
+	// whose flow lacks VITS's structure keeps it in the front, with the reason logged. chunks
+	// needs piper_decode chunks. Default: chunks on the CPU provider, front on CUDA (not measured
+	// there yet).
 	Flow Flow `json:"piper_flow"`
 }
 

@@ -115,36 +115,35 @@ func splitPiper(path string, flow bool) (*piperSplit, string, error) {
 		return nil, fmt.Sprintf("the decoder gives %g samples a frame", o.rate), nil
 	}
 	sp.hop = int(o.rate)
-	sp.left, sp.right = int(math.Ceil(o.left)), int(math.Ceil(o.right))
+	sp.left, sp.right = o.frames()
+	// model is the voice's model with its graph replaced by graph.
+	model := func(graph []byte) []byte { return onnxedit.ReplaceGraph(data, at, end, graph) }
 	frontOut := latent
 	if flow {
-		sp.flowReason = g.cutFlow(producer, latent, sp)
-		if sp.flowReason == "" {
+		if sp.flowReason = g.cutFlow(producer, latent, sp, model); sp.flowReason == "" {
 			frontOut = sp.flowIn
-			sp.flow = onnxedit.ReplaceGraph(data, at, end, sp.flow)
 		}
 	}
 	frontGraph := func(out string) []byte {
 		nodes, inputs := g.ancestors(producer, []string{out, lengths})
 		frames := onnxedit.IdentityNode(lengths, piperLengthOutput)
-		return onnxedit.ReplaceGraph(data, at, end, g.subgraph(nodes, inputs, nil,
+		return model(g.subgraph(nodes, inputs, nil,
 			[][]byte{onnxedit.ValueInfo(out, ort.ONNXFloat, 3), onnxedit.ValueInfo(piperLengthOutput, ort.ONNXInt64, 1)}, frames))
 	}
 	sp.front = frontGraph(frontOut)
 	if sp.flow != nil {
 		sp.frontWhole = frontGraph(latent)
 	}
-	sp.decoder = onnxedit.ReplaceGraph(data, at, end, g.subgraph(dec, decInputs,
-		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
+	sp.decoder = model(g.subgraph(dec, decInputs, [][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil, nil))
 	return sp, "", nil
 }
 
 // cutFlow finds VITS's flow, run in reverse, ahead of the latent, by structure: the latent is
 // Mul(flow output, y_mask); walking back, each coupling layer ends in Concat(Split(x)[0], ·) and
 // each flip between them is a Slice; the first tensor not made so is z_p, the flow's input. It
-// sets sp's flow graph (the graph's bytes, not yet a model), inputs and receptive field, or
-// returns why the flow stays in the front.
-func (g splitGraph) cutFlow(producer map[string]int, latent string, sp *piperSplit) string {
+// sets sp's flow model (made from a graph by model), inputs and receptive field, or returns why
+// the flow stays in the front.
+func (g splitGraph) cutFlow(producer map[string]int, latent string, sp *piperSplit, model func([]byte) []byte) string {
 	p, ok := producer[latent]
 	if !ok || g.Nodes[p].Op != "Mul" || len(g.Nodes[p].In) != 2 {
 		return "the latent is not a product with the frames' mask"
@@ -191,10 +190,10 @@ func (g splitGraph) cutFlow(producer map[string]int, latent string, sp *piperSpl
 		return fmt.Sprintf("the flow gives %g latent frames a frame", o.rate)
 	}
 	sp.flowIn, sp.flowMask, sp.flowSID = cur, mask, inputs["sid"]
-	sp.flowLeft, sp.flowRight = int(math.Ceil(o.left)), int(math.Ceil(o.right))
-	sp.flow = g.subgraph(flow, inputs,
+	sp.flowLeft, sp.flowRight = o.frames()
+	sp.flow = model(g.subgraph(flow, inputs,
 		[][]byte{onnxedit.ValueInfo(cur, ort.ONNXFloat, 3), onnxedit.ValueInfo(mask, ort.ONNXFloat, 3)},
-		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil)
+		[][]byte{onnxedit.ValueInfo(latent, ort.ONNXFloat, 3)}, nil))
 	return ""
 }
 
@@ -301,6 +300,9 @@ func (g splitGraph) ancestors(producer map[string]int, outs []string, stops ...s
 // frameSpan is where a tensor stands in time against the frames reach starts from: rate steps a
 // frame, each step depending on frames left back to right ahead.
 type frameSpan struct{ rate, left, right float64 }
+
+// frames is the span's reach in whole frames back and ahead.
+func (s frameSpan) frames() (left, right int) { return int(math.Ceil(s.left)), int(math.Ceil(s.right)) }
 
 // reach computes the receptive field, in frames of the from tensors, of tensor to over nodes, and
 // its rate, following every tensor computed from them: a convolution of kernel k, dilation d and

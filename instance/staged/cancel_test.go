@@ -55,10 +55,7 @@ func TestEngineCancelFreesWithinOneStep(t *testing.T) {
 	}
 	// The live request finished, so only the cancelled one's last hold can remain; it goes
 	// once the flow or vocoder run it may be in ends (bounded wait, not a speed target).
-	deadline := time.Now().Add(30 * time.Second)
-	for e.Active() != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitIdle(e, 30*time.Second)
 	if n := e.Active(); n != 0 {
 		t.Fatalf("engine still holds %d streams", n)
 	}
@@ -85,9 +82,7 @@ func TestEngineCancelCountsOnlyUnfinished(t *testing.T) {
 		t.Fatal("a cancelled request succeeded")
 	}
 	// A request cancelled before it started may still be leaving the LM loop's queue.
-	for deadline := time.Now().Add(2 * time.Second); e.Active() != 0 && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-	}
+	waitIdle(e, 2*time.Second)
 	if st := e.CancelStats(); st.Count != 0 || e.Active() != 0 {
 		t.Errorf("cancels %+v, active %d; want none", st, e.Active())
 	}
@@ -105,10 +100,7 @@ func TestEngineCancelCountsEmitFailure(t *testing.T) {
 	if !errors.Is(err, gone) {
 		t.Fatalf("Synthesize returned %v, want emit's error", err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for e.Active() != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitIdle(e, 30*time.Second)
 	if n := e.Active(); n != 0 {
 		t.Fatalf("engine still holds %d streams", n)
 	}
@@ -172,5 +164,12 @@ func TestEngineTextSpans(t *testing.T) {
 	}
 	if n > 0 {
 		t.Logf("chunk ends placed within %.1f characters (%.0f ms of audio) of the proportional position on average, %d chunk ends", sumErr/n, sumMs/n, int(n))
+	}
+}
+
+// waitIdle waits until e holds no stream, or within has passed (a bound, not a speed target).
+func waitIdle(e *Engine, within time.Duration) {
+	for deadline := time.Now().Add(within); e.Active() != 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 }
