@@ -2,8 +2,12 @@ package voxcpm
 
 import (
 	"cmp"
+	"encoding/json"
 	"math"
 	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +16,7 @@ import (
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
+	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -325,4 +330,194 @@ func gpuExport(t *testing.T) (path, lib string) {
 		t.Fatal(err)
 	}
 	return path, lib
+}
+
+// On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), prefills of one row at 16, 64 and 256
+// positions after the load's warm-up, 20 runs of each, timed three ways: all on one locked OS
+// thread, each from a new goroutine (which Go may put on any of its threads), and each on an OS
+// thread of its own that ends with it. The log gives each way's median, least and most
+// milliseconds. With VOXMUX_GPU_PROFILE=DIR (absolute) ONNX Runtime profiles the sessions into DIR
+// and the log adds the prefill's nodes of the largest median time.
+func TestGPUPrefillTimes(t *testing.T) {
+	path, _ := gpuExport(t)
+	m, err := LoadManifest(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lib, _ := ort.FindLibrary()
+	dir := os.Getenv("VOXMUX_GPU_PROFILE")
+	rt, err := ort.New(tts.LoadConfig{Provider: cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda"), ORTLibrary: lib}, 0,
+		ort.Options{Profile: cond(dir != "", filepath.Join(dir, "p"), "")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	if err := iobind.Init(lib); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	g, err := openGraphs(m, rt, 8, graphModes{step: StepGraphOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("graphs opened and prefills warmed in %v", time.Since(t0).Round(time.Millisecond))
+	if err := g.reserve(1); err != nil {
+		t.Fatal(err)
+	}
+	prefill := func(T int) time.Duration {
+		ids, textMask, feat, featMask, seqlens := m.prefillBatch(nil, 1, T)
+		t0 := time.Now()
+		if _, _, err := g.runPrefill(0, 1, T, ids, textMask, feat, featMask, seqlens); err != nil {
+			t.Error(err)
+		}
+		return time.Since(t0)
+	}
+	locked := ort.NewThread()
+	defer locked.Close()
+	ways := []struct {
+		name string
+		run  func(T int) time.Duration
+	}{
+		{"one locked thread", func(T int) (d time.Duration) {
+			locked.Do(func() error { d = prefill(T); return nil })
+			return d
+		}},
+		{"a new goroutine each", func(T int) (d time.Duration) {
+			done := make(chan struct{})
+			go func() { d = prefill(T); close(done) }()
+			<-done
+			return d
+		}},
+		{"a new OS thread each", func(T int) (d time.Duration) {
+			done := make(chan struct{})
+			go func() {
+				goruntime.LockOSThread() // not unlocked: the thread ends with the goroutine
+				d = prefill(T)
+				close(done)
+			}()
+			<-done
+			return d
+		}},
+	}
+	for _, T := range []int{16, 64, 256} {
+		for _, w := range ways {
+			ms := make([]float64, 20)
+			for i := range ms {
+				ms[i] = float64(w.run(T).Microseconds()) / 1000
+			}
+			slices.Sort(ms)
+			t.Logf("prefill 1 × %d positions, %s: median %.1f ms, least %.1f, most %.1f", T, w.name, ms[len(ms)/2], ms[0], ms[len(ms)-1])
+		}
+	}
+	if err := g.close(); err != nil {
+		t.Fatal(err)
+	}
+	if dir != "" {
+		logSlowNodes(t, dir, "voxcpm_prefill")
+	}
+}
+
+// logSlowNodes logs the nodes of the largest median time in the ONNX Runtime profiles in dir
+// whose names contain session.
+func logSlowNodes(t *testing.T, dir, session string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "*"+session+"*.json"))
+	durs := map[string][]float64{}
+	ops := map[string]string{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var events []struct {
+			Cat  string  `json:"cat"`
+			Name string  `json:"name"`
+			Dur  float64 `json:"dur"`
+			Args struct {
+				Op string `json:"op_name"`
+			} `json:"args"`
+		}
+		if err := json.Unmarshal(b, &events); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, e := range events {
+			if e.Cat == "Node" && strings.HasSuffix(e.Name, "_kernel_time") {
+				durs[e.Name] = append(durs[e.Name], e.Dur/1000)
+				ops[e.Name] = e.Args.Op
+			}
+		}
+	}
+	type node struct {
+		name         string
+		median, most float64
+		n            int
+	}
+	var nodes []node
+	for k, v := range durs {
+		slices.Sort(v)
+		nodes = append(nodes, node{k, v[len(v)/2], v[len(v)-1], len(v)})
+	}
+	slices.SortFunc(nodes, func(a, b node) int { return cmp.Compare(b.median, a.median) })
+	t.Logf("%d profiles of %s, %d nodes", len(files), session, len(nodes))
+	for _, n := range nodes[:min(8, len(nodes))] {
+		t.Logf("  %s (%s): median %.2f ms, most %.2f, %d runs", n.name, ops[n.name], n.median, n.most, n.n)
+	}
+}
+
+func cond[T any](c bool, a, b T) T {
+	if c {
+		return a
+	}
+	return b
+}
+
+// On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the VAE decoder's buckets for
+// VOXMUX_GPU_VAE_ROWS streams (default 8) captured as CUDA graphs (vocoder_cuda_graph on) and
+// checked against plain runs as the engine's load does, then each bucket decoded once.
+// VOXMUX_GPU_PROVIDER_OPTIONS ("key=value;key=value") sets CUDA provider options, as a group's
+// provider_options do (cudnn_conv_algo_search DEFAULT plans in milliseconds, which a run under
+// compute-sanitizer needs).
+func TestGPUVAECapture(t *testing.T) {
+	path, lib := gpuExport(t)
+	m, err := LoadManifest(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := 8
+	if v := os.Getenv("VOXMUX_GPU_VAE_ROWS"); v != "" {
+		if rows, err = strconv.Atoi(v); err != nil || rows < 1 {
+			t.Fatalf("VOXMUX_GPU_VAE_ROWS=%q: want a positive number", v)
+		}
+	}
+	po := map[string]string{}
+	for _, kv := range strings.Split(os.Getenv("VOXMUX_GPU_PROVIDER_OPTIONS"), ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			po[k] = v
+		}
+	}
+	rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: lib, ProviderOptions: po}, 0, ort.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Close)
+	if err := iobind.Init(lib); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	v, err := openVAE(m, rt, rows, engine.Buckets(rows), graphModes{captureVAE: true})
+	if err != nil {
+		t.Fatalf("%d rows, provider options %v: %v", rows, po, err)
+	}
+	defer v.close()
+	t.Logf("%d rows, provider options %v: buckets %v captured and checked in %v", rows, po, engine.Buckets(rows), time.Since(t0).Round(time.Millisecond))
+	for _, n := range engine.Buckets(rows) {
+		a, err := v.decode(n, randomFloats(n*m.patchFloats(), 1, 3))
+		if err != nil {
+			t.Fatalf("decode of %d rows: %v", n, err)
+		}
+		for _, x := range a {
+			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+				t.Fatalf("decode of %d rows: %v in its audio", n, x)
+			}
+		}
+	}
 }
