@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -230,6 +231,12 @@ type scheduler struct {
 // loop is the scheduler goroutine: the only one that runs the LM's graphs (prefill, step).
 func (e *Engine) loop() {
 	defer e.wg.Done()
+	// One OS thread for every prefill: on an H100 a one-row prefill from a thread that had not run
+	// the session before took 75-96 ms (median) against 32-33 ms from one thread, the difference
+	// inside its first GroupQueryAttention node (TestGPUPrefillTimes); the server's first audio at
+	// one stream went from 87 to 29 ms P50 (docs/benchmarks/2026-12-08-h100-voxcpm-vae-sessions/).
+	// Not unlocked: the thread ends with the loop.
+	goruntime.LockOSThread()
 	s := &scheduler{e: e, rows: make([]*row, e.slots+prefillSpare)}
 	if e.overlap {
 		s.vae = newVAEQueue()
