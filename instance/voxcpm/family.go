@@ -91,7 +91,7 @@ func openEngine(m *Manifest, tok tokenizer, cfg tts.LoadConfig, o Options, d int
 		return nil, err
 	}
 	slots := cmp.Or(max(cfg.MaxInflight, 0), defaultSlots)
-	g, err := openWithFallback(o, resolveModes(o, rt.CUDA()), func(modes graphModes) (*graphs, error) {
+	g, err := openWithFallback(o, resolveModes(o, rt.CUDA(), slots), func(modes graphModes) (*graphs, error) {
 		return openGraphs(m, rt, slots, modes)
 	})
 	if err != nil {

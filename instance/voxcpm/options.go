@@ -21,20 +21,24 @@ type Options struct {
 	LMCUDAGraph StepGraph `json:"lm_cuda_graph"`
 	// VocoderCUDAGraph is whether the VAE decoder runs its fixed batch sizes as CUDA graphs
 	// captured at load, its convolutions planned by cuDNN's exhaustive search once per size. Unset:
-	// off, as VoxCPM 1.5's decoder faults when captured on an H100 (CUDA error 716, misaligned
-	// address, at 8, 128 and 256 slots; the tiny export's passes).
+	// off. VoxCPM 1.5's decoder faults when captured so on an H100 (CUDA error 716, misaligned
+	// address, at 8, 128 and 256 slots); with cudnn_conv_algo_search DEFAULT its buckets capture
+	// and replay as plain runs (TestGPUVAECapture, 8 slots), so the fault comes with an algorithm
+	// the exhaustive search picks.
 	VocoderCUDAGraph VAEGraph `json:"vocoder_cuda_graph"`
 	// VocoderBatches takes [] only: the VAE decoder then runs every batch in its own shape rather
 	// than in the step's batch sizes, as the staged family's vocoder does with []. Unset (nil):
 	// the step's batch sizes.
 	VocoderBatches []int `json:"vocoder_batches"`
 	// VocoderSessions is how many ONNX Runtime sessions the uncaptured VAE decoder runs in:
-	// "shared" (the default), one for every batch size, its convolutions planned by the
-	// runtime's cudnn_conv_algo_search (DEFAULT unless provider_options say otherwise), which ONNX
-	// Runtime plans again at every change of batch size; or "per_batch", a session for each of
-	// the step's batch sizes, each seeing one shape, so planned once at load with cuDNN's
-	// exhaustive search on CUDA and never again. Each session holds its own copy of the decoder's
-	// weights and its own memory arena.
+	// "per_batch", a session for each of the step's batch sizes, each seeing one shape, so planned
+	// once at load with cuDNN's exhaustive search on CUDA and never again; or "shared", one for
+	// every batch size, its convolutions planned by the runtime's cudnn_conv_algo_search (DEFAULT
+	// unless provider_options say otherwise), which ONNX Runtime plans again at every change of
+	// batch size. Each per-batch session holds its own copy of the decoder's weights and its own
+	// memory arena. Unset: per_batch on CUDA for groups of at most perBatchVAESlots streams (on an
+	// H100 a one-row decode took 3.9 ms against 40.4 ms shared, 128 rows 58 against 180 ms),
+	// shared for larger groups and on the CPU.
 	VocoderSessions VAESessions `json:"vocoder_sessions"`
 	// VocoderPrecision is the float type the VAE decoder computes in: "float32" (the default), or
 	// "float16", the decoder graph converted in memory (vae.go), its inputs and outputs (the

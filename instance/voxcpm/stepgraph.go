@@ -22,13 +22,21 @@ type graphModes struct {
 }
 
 // resolveModes resolves lm_cuda_graph, vocoder_batches, vocoder_cuda_graph, vocoder_sessions and
-// vocoder_precision (checked by parseOptions) for a provider.
-func resolveModes(o Options, cuda bool) graphModes {
+// vocoder_precision (checked by parseOptions) for a provider and a group of slots streams.
+func resolveModes(o Options, cuda bool, slots int) graphModes {
 	g := graphModes{step: stepGraphMode(o, cuda), plainVAE: o.plainVAE(), float16VAE: o.VocoderPrecision == engine.Float16}
 	g.captureVAE = o.VocoderCUDAGraph == VAEGraphOn && cuda && !g.plainVAE
-	g.perBatchVAE = o.VocoderSessions == VAESessionsPerBatch && !g.plainVAE && !g.captureVAE
+	perBatch := o.VocoderSessions == VAESessionsPerBatch ||
+		o.VocoderSessions == "" && cuda && slots <= perBatchVAESlots
+	g.perBatchVAE = perBatch && !g.plainVAE && !g.captureVAE
 	return g
 }
+
+// perBatchVAESlots is the most streams for which vocoder_sessions defaults to per_batch on CUDA.
+// On an H100 (80 GB) VoxCPM 1.5 served 128 streams per_batch at a 58 GiB peak, while at 256 a
+// per-batch session failed to allocate at load; the shared session served 256 at 37.5 GiB
+// (docs/benchmarks/2026-12-08-h100-voxcpm-vae-sessions/).
+const perBatchVAESlots = 128
 
 // stepGraphMode resolves lm_cuda_graph for the step graph on a provider: unset is on with CUDA
 // and off on the CPU, and on runs as fixed on the CPU (the same shapes and bindings, with no

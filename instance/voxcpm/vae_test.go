@@ -1,6 +1,7 @@
 package voxcpm
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -83,7 +84,7 @@ func tinyCountingEngine(t *testing.T, slots int, opts Options, overlap bool) (*E
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := openGraphs(m, rt, slots, resolveModes(opts, false))
+	g, err := openGraphs(m, rt, slots, resolveModes(opts, false, slots))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,31 +271,36 @@ func TestTinyVocoderBatchesOption(t *testing.T) {
 	}
 }
 
-// What lm_cuda_graph, vocoder_batches, vocoder_cuda_graph and vocoder_precision make of the step and the decoder.
+// What lm_cuda_graph, vocoder_batches, vocoder_cuda_graph, vocoder_sessions and vocoder_precision
+// make of the step and the decoder, by provider and slots (0: 16).
 func TestResolveModes(t *testing.T) {
 	for _, c := range []struct {
-		o    Options
-		cuda bool
-		want graphModes
+		o     Options
+		cuda  bool
+		slots int
+		want  graphModes
 	}{
-		{Options{}, true, graphModes{step: StepGraphOn}},
-		{Options{}, false, graphModes{step: StepGraphOff}},
-		{Options{LMCUDAGraph: "off"}, true, graphModes{step: StepGraphOff}},
-		{Options{LMCUDAGraph: "on"}, true, graphModes{step: StepGraphOn}},
-		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
-		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, graphModes{step: StepGraphOn}},
-		{Options{VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOn, captureVAE: true}},
-		{Options{LMCUDAGraph: "off", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphOff, captureVAE: true}},
-		{Options{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, graphModes{step: StepGraphFixed, captureVAE: true}},
-		{Options{LMCUDAGraph: "on", VocoderBatches: []int{}}, true, graphModes{step: StepGraphOn, plainVAE: true}},
-		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, graphModes{step: StepGraphFixed}},
-		{Options{VocoderPrecision: engine.Float16}, true, graphModes{step: StepGraphOn, float16VAE: true}},
-		{Options{VocoderPrecision: engine.Float32}, false, graphModes{step: StepGraphOff}},
-		{Options{VocoderSessions: VAESessionsPerBatch}, true, graphModes{step: StepGraphOn, perBatchVAE: true}},
-		{Options{VocoderSessions: VAESessionsPerBatch}, false, graphModes{step: StepGraphOff, perBatchVAE: true}},
-		{Options{VocoderSessions: VAESessionsShared}, true, graphModes{step: StepGraphOn}},
+		{Options{}, true, 0, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{}, false, 0, graphModes{step: StepGraphOff}},
+		{Options{}, true, 128, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{}, true, 129, graphModes{step: StepGraphOn}},
+		{Options{VocoderSessions: VAESessionsPerBatch}, true, 256, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{LMCUDAGraph: "off"}, true, 0, graphModes{step: StepGraphOff, perBatchVAE: true}},
+		{Options{LMCUDAGraph: "on"}, true, 0, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, true, 0, graphModes{step: StepGraphOn, captureVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "off"}, true, 0, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{VocoderCUDAGraph: "on"}, true, 0, graphModes{step: StepGraphOn, captureVAE: true}},
+		{Options{LMCUDAGraph: "off", VocoderCUDAGraph: "on"}, true, 0, graphModes{step: StepGraphOff, captureVAE: true}},
+		{Options{LMCUDAGraph: "fixed", VocoderCUDAGraph: "on"}, true, 0, graphModes{step: StepGraphFixed, captureVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderBatches: []int{}}, true, 0, graphModes{step: StepGraphOn, plainVAE: true}},
+		{Options{LMCUDAGraph: "on", VocoderCUDAGraph: "on"}, false, 0, graphModes{step: StepGraphFixed}},
+		{Options{VocoderPrecision: engine.Float16}, true, 0, graphModes{step: StepGraphOn, float16VAE: true, perBatchVAE: true}},
+		{Options{VocoderPrecision: engine.Float32}, false, 0, graphModes{step: StepGraphOff}},
+		{Options{VocoderSessions: VAESessionsPerBatch}, true, 0, graphModes{step: StepGraphOn, perBatchVAE: true}},
+		{Options{VocoderSessions: VAESessionsPerBatch}, false, 0, graphModes{step: StepGraphOff, perBatchVAE: true}},
+		{Options{VocoderSessions: VAESessionsShared}, true, 0, graphModes{step: StepGraphOn}},
 	} {
-		if got := resolveModes(c.o, c.cuda); got != c.want {
+		if got := resolveModes(c.o, c.cuda, cmp.Or(c.slots, 16)); got != c.want {
 			t.Errorf("%+v (cuda %v): %+v, want %+v", c.o, c.cuda, got, c.want)
 		}
 	}
