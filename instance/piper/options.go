@@ -52,8 +52,8 @@ type Options struct {
 	// first audio waits only for the text encoder and duration predictor, the request's other
 	// sentences running the front with the flow (docs/piper.md, "The flow in chunks"). A voice
 	// whose flow lacks VITS's structure keeps it in the front, with the reason logged. chunks
-	// needs piper_decode chunks. Default: chunks on the CPU provider, front on CUDA (not measured
-	// there yet).
+	// needs piper_decode chunks. Default: chunks on the CPU provider; front on CUDA, where with the
+	// front on the CPU it made first audio later (90 against 74 ms on an H100).
 	Flow Flow `json:"piper_flow"`
 }
 
