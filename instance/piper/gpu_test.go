@@ -445,3 +445,72 @@ func BenchmarkPiperDecoderPrecision(b *testing.B) {
 		r.Close()
 	}
 }
+
+// On a GPU host (VOXMUX_GPU_PIPER=1), where jenny's first audio goes: for piper_front gpu and
+// cpu, each with piper_flow front and chunks, every ASR sentence as a request's first sentence,
+// alone, its phonemes (espeak-ng), its front run, the flow over its first chunk's frames (the flow
+// in chunks only) and the decoder's first chunk, each timed on its own, 5 rounds after one to
+// warm up. It logs each way's medians,
+//
+//	jenny, piper_front F, piper_flow L on P: phonemes X ms, front X ms, flow X ms, first chunk X ms (medians of N)
+//
+// VOXMUX_GPU_PROVIDER=cpu runs it on the CPU.
+func TestPiperFirstAudioPhases(t *testing.T) {
+	if os.Getenv("VOXMUX_GPU_PIPER") == "" {
+		t.Skip("VOXMUX_GPU_PIPER not set: this test needs a GPU")
+	}
+	provider := cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")
+	if _, err := os.Stat(jennyVoice); err != nil {
+		t.Fatal(err)
+	}
+	ph := testPhonemizer(t)
+	for _, fr := range []Front{FrontGPU, FrontCPU} {
+		for _, fl := range []Flow{FlowFront, FlowChunks} {
+			s := gpuRunner(t, jennyVoice, provider, Options{Front: fr, Flow: fl})
+			c, f := s.chunks, s.file
+			if c == nil || (c.flow != nil) != (fl == FlowChunks) {
+				t.Fatalf("piper_front %s, piper_flow %s: not chunked as asked", fr, fl)
+			}
+			var ms [4][]float64 // phonemes, front, flow, first chunk
+			lap := func(i int, t0 time.Time) time.Time {
+				now := time.Now()
+				ms[i] = append(ms[i], float64(now.Sub(t0).Microseconds())/1000)
+				return now
+			}
+			for round := range 6 {
+				for _, text := range piperASRSentences {
+					t0 := time.Now()
+					sents, err := f.sentences(ph, text)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t0 = lap(0, t0)
+					ls, err := c.runBatchFront(f, [][]int64{sents[0].IDs}, []int64{0}, atSpeed(s, 1, 1), f.scales, []bool{true})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t0 = lap(1, t0)
+					w := c.chunkWindow(&ls[0], 0, 0, min(c.first, ls[0].frames))
+					if c.flow != nil {
+						if err := c.runFlow(f, []window{w}); err != nil {
+							t.Fatal(err)
+						}
+					}
+					t0 = lap(2, t0)
+					if _, err := c.decode(f, []window{w}); err != nil {
+						t.Fatal(err)
+					}
+					lap(3, t0)
+					if round == 0 { // the warm-up round is not counted
+						for i := range ms {
+							ms[i] = ms[i][:0]
+						}
+					}
+				}
+			}
+			med := func(v []float64) float64 { return slices.Sorted(slices.Values(v))[len(v)/2] }
+			t.Logf("%s, piper_front %s, piper_flow %s on %s: phonemes %.1f ms, front %.1f ms, flow %.1f ms, first chunk %.1f ms (medians of %d)",
+				f.Stem, fr, fl, provider, med(ms[0]), med(ms[1]), med(ms[2]), med(ms[3]), len(ms[0]))
+		}
+	}
+}
