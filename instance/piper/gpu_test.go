@@ -472,39 +472,36 @@ func TestPiperFirstAudioPhases(t *testing.T) {
 				t.Fatalf("piper_front %s, piper_flow %s: not chunked as asked", fr, fl)
 			}
 			var ms [4][]float64 // phonemes, front, flow, first chunk
-			lap := func(i int, t0 time.Time) time.Time {
-				now := time.Now()
-				ms[i] = append(ms[i], float64(now.Sub(t0).Microseconds())/1000)
-				return now
-			}
 			for round := range 6 {
 				for _, text := range piperASRSentences {
-					t0 := time.Now()
+					var at [5]time.Time
+					at[0] = time.Now()
 					sents, err := f.sentences(ph, text)
 					if err != nil {
 						t.Fatal(err)
 					}
-					t0 = lap(0, t0)
+					at[1] = time.Now()
 					ls, err := c.runBatchFront(f, [][]int64{sents[0].IDs}, []int64{0}, atSpeed(s, 1, 1), f.scales, []bool{true})
 					if err != nil {
 						t.Fatal(err)
 					}
-					t0 = lap(1, t0)
+					at[2] = time.Now()
 					w := c.chunkWindow(&ls[0], 0, 0, min(c.first, ls[0].frames))
 					if c.flow != nil {
 						if err := c.runFlow(f, []window{w}); err != nil {
 							t.Fatal(err)
 						}
 					}
-					t0 = lap(2, t0)
+					at[3] = time.Now()
 					if _, err := c.decode(f, []window{w}); err != nil {
 						t.Fatal(err)
 					}
-					lap(3, t0)
+					at[4] = time.Now()
 					if round == 0 { // the warm-up round is not counted
-						for i := range ms {
-							ms[i] = ms[i][:0]
-						}
+						continue
+					}
+					for i := range ms {
+						ms[i] = append(ms[i], float64(at[i+1].Sub(at[i]).Microseconds())/1000)
 					}
 				}
 			}

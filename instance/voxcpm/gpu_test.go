@@ -16,7 +16,6 @@ import (
 
 	"github.com/voxmux/voxmux/instance/engine"
 	"github.com/voxmux/voxmux/instance/ort"
-	"github.com/voxmux/voxmux/instance/ort/iobind"
 	"github.com/voxmux/voxmux/tts"
 )
 
@@ -179,13 +178,7 @@ func TestGPUVAEFloat16(t *testing.T) {
 func TestGPUVAESessions(t *testing.T) {
 	path, _ := gpuExport(t)
 	m, rt := runtimeFor(t, path, cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda"))
-	rows := 128
-	if v := os.Getenv("VOXMUX_GPU_VAE_ROWS"); v != "" {
-		var err error
-		if rows, err = strconv.Atoi(v); err != nil || rows < 1 {
-			t.Fatalf("VOXMUX_GPU_VAE_ROWS=%q: want a positive number", v)
-		}
-	}
+	rows := vaeRows(t, 128)
 	sizes := []int{}
 	for _, n := range []int{1, 16, 64, 128} {
 		if n <= rows {
@@ -340,21 +333,12 @@ func gpuExport(t *testing.T) (path, lib string) {
 // and the log adds the prefill's nodes of the largest median time.
 func TestGPUPrefillTimes(t *testing.T) {
 	path, _ := gpuExport(t)
-	m, err := LoadManifest(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lib, _ := ort.FindLibrary()
 	dir := os.Getenv("VOXMUX_GPU_PROFILE")
-	rt, err := ort.New(tts.LoadConfig{Provider: cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda"), ORTLibrary: lib}, 0,
-		ort.Options{Profile: cond(dir != "", filepath.Join(dir, "p"), "")})
-	if err != nil {
-		t.Fatal(err)
+	var o ort.Options
+	if dir != "" {
+		o.Profile = filepath.Join(dir, "p")
 	}
-	t.Cleanup(rt.Close)
-	if err := iobind.Init(lib); err != nil {
-		t.Fatal(err)
-	}
+	m, rt := runtimeWith(t, path, tts.LoadConfig{Provider: cmp.Or(os.Getenv("VOXMUX_GPU_PROVIDER"), "cuda")}, o)
 	t0 := time.Now()
 	g, err := openGraphs(m, rt, 8, graphModes{step: StepGraphOff})
 	if err != nil {
@@ -463,11 +447,17 @@ func logSlowNodes(t *testing.T, dir, session string) {
 	}
 }
 
-func cond[T any](c bool, a, b T) T {
-	if c {
-		return a
+// vaeRows is VOXMUX_GPU_VAE_ROWS, the slots of the GPU tests' VAE decoders; def when unset.
+func vaeRows(t *testing.T, def int) int {
+	v := os.Getenv("VOXMUX_GPU_VAE_ROWS")
+	if v == "" {
+		return def
 	}
-	return b
+	rows, err := strconv.Atoi(v)
+	if err != nil || rows < 1 {
+		t.Fatalf("VOXMUX_GPU_VAE_ROWS=%q: want a positive number", v)
+	}
+	return rows
 }
 
 // On a GPU host (VOXMUX_GPU_VOXCPM as TestGPUSteps), the VAE decoder's buckets for
@@ -477,31 +467,15 @@ func cond[T any](c bool, a, b T) T {
 // provider_options do (cudnn_conv_algo_search DEFAULT plans in milliseconds, which a run under
 // compute-sanitizer needs).
 func TestGPUVAECapture(t *testing.T) {
-	path, lib := gpuExport(t)
-	m, err := LoadManifest(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rows := 8
-	if v := os.Getenv("VOXMUX_GPU_VAE_ROWS"); v != "" {
-		if rows, err = strconv.Atoi(v); err != nil || rows < 1 {
-			t.Fatalf("VOXMUX_GPU_VAE_ROWS=%q: want a positive number", v)
-		}
-	}
+	path, _ := gpuExport(t)
+	rows := vaeRows(t, 8)
 	po := map[string]string{}
 	for _, kv := range strings.Split(os.Getenv("VOXMUX_GPU_PROVIDER_OPTIONS"), ";") {
 		if k, v, ok := strings.Cut(kv, "="); ok {
 			po[k] = v
 		}
 	}
-	rt, err := ort.New(tts.LoadConfig{Provider: "cuda", ORTLibrary: lib, ProviderOptions: po}, 0, ort.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rt.Close)
-	if err := iobind.Init(lib); err != nil {
-		t.Fatal(err)
-	}
+	m, rt := runtimeWith(t, path, tts.LoadConfig{Provider: "cuda", ProviderOptions: po}, ort.Options{})
 	t0 := time.Now()
 	v, err := openVAE(m, rt, rows, engine.Buckets(rows), graphModes{captureVAE: true})
 	if err != nil {

@@ -32,6 +32,13 @@ func tinyRuntime(t *testing.T) (*Manifest, *ort.Runtime) {
 // runtimeFor loads the manifest at path and a runtime on provider, with iobind bound to it.
 func runtimeFor(t *testing.T, path, provider string) (*Manifest, *ort.Runtime) {
 	t.Helper()
+	return runtimeWith(t, path, tts.LoadConfig{Provider: provider}, ort.Options{})
+}
+
+// runtimeWith is runtimeFor with cfg's provider and provider options and the runtime options o;
+// cfg's ORT library is the one ort.FindLibrary finds.
+func runtimeWith(t *testing.T, path string, cfg tts.LoadConfig, o ort.Options) (*Manifest, *ort.Runtime) {
+	t.Helper()
 	m, err := LoadManifest(path)
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +47,8 @@ func runtimeFor(t *testing.T, path, provider string) (*Manifest, *ort.Runtime) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rt, err := ort.New(tts.LoadConfig{Provider: provider, ORTLibrary: lib}, 0, ort.Options{})
+	cfg.ORTLibrary = lib
+	rt, err := ort.New(cfg, 0, o)
 	if err != nil {
 		t.Fatal(err)
 	}
